@@ -1,0 +1,51 @@
+# The RL loop. Rules are built from the one stage registry (pipeline/registry.py), which also generates dvc.yaml.
+#   snakemake --cores all                          # the whole loop on params.yaml
+#   snakemake --cores all --config params=my.yaml  # another params file
+import sys
+
+from pipeline.config import ParamsError, load_params
+from pipeline.registry import STAGES, deps_for, final_targets, params_fingerprint, strip_dir
+
+PARAMS_FILE = config.get("params", "params.yaml")
+try:
+    P = load_params(PARAMS_FILE)
+except ParamsError as e:
+    sys.exit(f"error: {e}")
+PY = sys.executable
+
+wildcard_constraints:
+    it=r"\d+",
+
+
+rule all:
+    input:
+        final_targets(P),
+    default_target: True
+
+
+def _outputs(stage):
+    return [directory(strip_dir(o)) if o.endswith("/") else o for o in stage.outs]
+
+
+for _st in STAGES:
+    if _st.per_iteration:
+        rule:
+            name: _st.name
+            input: lambda wc, st=_st: deps_for(st, P, int(wc.it))
+            output: _outputs(_st)
+            params: fingerprint=params_fingerprint(_st, P)
+            log: f"results/logs/{_st.name}_{{it}}.log"
+            benchmark: f"results/benchmarks/{_st.name}_{{it}}.tsv"
+            threads: _st.threads
+            wildcard_constraints: it=r"[1-9]\d*" if _st.first >= 1 else r"\d+"
+            shell: "CREDITRL_THREADS={threads} " + _st.command(PY, PARAMS_FILE, "{wildcards.it}") + " > {log} 2>&1"
+    else:
+        rule:
+            name: _st.name
+            input: deps_for(_st, P, None)
+            output: _outputs(_st)
+            params: fingerprint=params_fingerprint(_st, P)
+            log: f"results/logs/{_st.name}.log"
+            benchmark: f"results/benchmarks/{_st.name}.tsv"
+            threads: _st.threads
+            shell: "CREDITRL_THREADS={threads} " + _st.command(PY, PARAMS_FILE, None) + " > {log} 2>&1"

@@ -1,0 +1,198 @@
+"""Every knob of the pipeline, as a typed and validated schema of `params.yaml`.
+
+An unknown key, a wrong type or a value out of range stops the run before any work, with one message that names
+the file, the dotted key and what was expected (`ParamsError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Seed ranges keep the held-out evaluation tasks disjoint from training and warm-start tasks.
+TRAIN_SEED_BASE = 0
+WARMSTART_SEED_BASE = 800_000_000
+EVAL_SEED_BASE = 900_000_000
+SEEDS_PER_ITERATION = 1_000_000
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoopConfig(Section):
+    iterations: int = Field(8, ge=1, le=1000, description="RL iterations after iteration 0 (the initial policy)")
+
+
+class EnvConfig(Section):
+    name: Literal["sokoban"] = Field("sokoban", description="text environment")
+    dim_room: int = Field(6, ge=4, le=12, description="room side, outer wall included")
+    num_boxes: int = Field(1, ge=1, le=3, description="boxes (and targets) per room")
+    max_turns: int = Field(15, ge=1, le=200, description="turns before an episode is truncated")
+    min_solution_moves: int = Field(2, ge=1, description="rooms whose optimal solution is shorter are skipped")
+
+
+class PromptConfig(Section):
+    history_turns: int = Field(2, ge=0, le=20, description="earlier turns (observation, action) shown in the prompt")
+
+
+class TinyModelConfig(Section):
+    vocab_size: int = Field(768, ge=300, le=65536, description="byte-level BPE vocabulary trained on env text")
+    hidden_size: int = Field(96, ge=16, description="Llama hidden size")
+    intermediate_size: int = Field(256, ge=16, description="Llama MLP size")
+    num_hidden_layers: int = Field(3, ge=1, description="Llama layers")
+    num_attention_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
+    tokenizer_corpus_episodes: int = Field(300, ge=10, description="random episodes rendered to train the tokenizer")
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        return self
+
+
+class PolicyConfig(Section):
+    path: str | None = Field(None, description="local Hugging Face model folder; null builds the tiny default")
+    tiny: TinyModelConfig = TinyModelConfig()
+    max_new_tokens: int = Field(12, ge=1, le=4096, description="response length cap in tokens")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+
+    @model_validator(mode="after")
+    def _path_exists(self):
+        if self.path is not None:
+            p = Path(self.path).expanduser()
+            if not p.is_dir() or not (p / "config.json").is_file():
+                raise ValueError(f"path {self.path!r} is not a Hugging Face model folder (no config.json there)")
+        return self
+
+
+class WarmstartConfig(Section):
+    episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
+    random_action_share: float = Field(0.5, ge=0.0, le=1.0, description="share of demonstration turns labelled "
+                                       "with a random action instead of an optimal one")
+    steps: int = Field(600, ge=0, description="supervised optimisation steps")
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0.0)
+
+
+class RolloutConfig(Section):
+    tasks_per_iteration: int = Field(16, ge=1, lt=SEEDS_PER_ITERATION, description="task groups per iteration")
+    group_size: int = Field(8, ge=1, description="episodes per task (G)")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
+    batch_size: int = Field(256, ge=1, description="episodes generated together")
+
+
+class GrpoConfig(Section):
+    mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"
+    episode_stats: Literal["per_episode", "per_turn"] = "per_episode"
+
+
+class CreditConfig(Section):
+    method: Literal["grpo"] = Field("grpo", description="advantage estimator (credit-assignment.md)")
+    invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's scores")
+    grpo: GrpoConfig = GrpoConfig()
+
+
+class UpdateConfig(Section):
+    lr: float = Field(1e-4, gt=0.0)
+    epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
+    minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
+    clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
+    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
+    kl_coef: float = Field(0.0, ge=0.0, description="low_var_kl to the iteration-0 policy; 0 turns it off")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class EvaluateConfig(Section):
+    tasks: int = Field(128, ge=1, lt=SEEDS_PER_ITERATION, description="held-out tasks, one episode each")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
+
+
+class TrackingConfig(Section):
+    enabled: bool = True
+    tracking_uri: str | None = Field(None, description="null: sqlite database mlflow.db at the repository root")
+    experiment: str = "creditrl"
+
+
+class RuntimeConfig(Section):
+    torch_threads: int = Field(0, ge=0, description="0: the cores given to the job by Snakemake, else all")
+
+
+class Params(Section):
+    seed: int = Field(0, ge=0, lt=2**31)
+    loop: LoopConfig = LoopConfig()
+    env: EnvConfig = EnvConfig()
+    prompt: PromptConfig = PromptConfig()
+    policy: PolicyConfig = PolicyConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    credit: CreditConfig = CreditConfig()
+    update: UpdateConfig = UpdateConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+    @model_validator(mode="after")
+    def _group_methods_need_groups(self):
+        if self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size is {self.rollout.group_size}, but credit.method {self.credit.method!r} "
+                "normalises within task groups and needs at least 2 episodes per task"
+            )
+        return self
+
+
+class ParamsError(ValueError):
+    """A bad params file; the message names the file and the key."""
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc) if loc else "(top level)"
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = _format_loc(err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)")
+            else:
+                got = err.get("input")
+                got_s = "" if isinstance(got, dict) else f", got {got!r}"
+                problems.append(f"key '{loc}': {err['msg']}{got_s}")
+        raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
+
+
+def params_dict(params: Params) -> dict:
+    """Flat `section.key -> value` mapping, for logging to MLflow."""
+    out: dict = {}
+
+    def walk(prefix: str, obj) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = obj
+
+    walk("", params.model_dump())
+    return out

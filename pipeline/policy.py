@@ -1,0 +1,180 @@
+"""Policies are Hugging Face causal LMs: the tiny default built here, or any local model folder.
+
+The tiny default is a byte-level BPE tokenizer trained on environment text and a small Llama with random weights,
+saved with `save_pretrained` so that it reloads through the same `AutoTokenizer` / `AutoModelForCausalLM` path as
+any other model folder (Qwen2.5-1.5B-Instruct, say). Nothing is downloaded: loads are `local_files_only`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+EOS = "<eos>"
+PAD = "<pad>"
+GRID_SYMBOLS = r"[#_.$*@+\n0-9]"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def train_tokenizer(corpus: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Every grid symbol and newline is its own token, so that a state is a sequence of cells the model can read
+    # (merged rows or whole grids would make every unseen state an unseen token); words and tags still merge.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GRID_SYMBOLS), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+
+
+def build_tiny_model(tokenizer, cfg, seed: int):
+    """A Llama-architecture causal LM with random weights (a Llama config keeps AutoTokenizer's class as saved)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+def load_policy(path: str | Path, dtype: str = "float32"):
+    """Load (model, tokenizer) from a local folder; a clear error when it is not a model folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (config.json missing)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def render_prompt(tokenizer, text: str) -> str:
+    """Wrap the prompt text in the model's chat template when it has one (instruct models); else keep it."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    return text
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    return tokenizer(render_prompt(tokenizer, text), add_special_tokens=False)["input_ids"]
+
+
+def encode_response(tokenizer, text: str) -> list[int]:
+    """Target ids of a response, ended by EOS, as the policy should generate them."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+@dataclass
+class Generation:
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
+             seed: int) -> list[Generation]:
+    """Sample one response per prompt (left-padded batch); greedy when temperature is 0.
+
+    The log-probs are those of the sampling distribution (logits / temperature), one per response token; the
+    response ends at the first EOS (kept) or at `max_new_tokens`.
+    """
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
+    width = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[i, width - len(p):] = 1
+    torch.manual_seed(seed)
+    sample = temperature > 0
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else None,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    new = out.sequences[:, width:].cpu()
+    logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]
+    if sample:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for i in range(new.shape[0]):
+        ids = new[i].tolist()
+        n = ids.index(eos) + 1 if eos in ids else len(ids)
+        ids = ids[:n]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        results.append(Generation(ids, logp[i, :n].tolist(), text))
+    return results
+
+
+def pad_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
+    """Right-padded prompt+response batch: input ids, attention mask, and a response-token mask aligned with
+    the *targets* (position t predicts token t+1)."""
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(lengths), width), dtype=torch.long)
+    resp = torch.zeros((len(lengths), width - 1), dtype=torch.bool)
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        seq = list(p) + list(r)
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[i, : len(seq)] = 1
+        resp[i, len(p) - 1: len(seq) - 1] = True
+    return ids, attn, resp
+
+
+def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
+    """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there."""
+    device = next(model.parameters()).device
+    ids, attn = ids.to(device), attn.to(device)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

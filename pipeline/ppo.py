@@ -1,0 +1,118 @@
+"""PPO-clip on response tokens (credit-assignment.md, "Policy update (all methods)").
+
+`log π_old` is recomputed here from the rollout checkpoint; the rollout engine's log-probs only serve to report
+the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
+token-mean over the minibatch, plus `kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from pipeline.policy import pad_batch, token_logprobs
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss or gradient went NaN/inf: the update stops before any checkpoint is written."""
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                clip_ratio: float, dual_clip: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L])."""
+    mask = mask.float()
+    ratio = torch.exp(logp - old_logp)
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, 1 - clip_ratio, 1 + clip_ratio)
+    clipped = torch.maximum(loss1, loss2)
+    dual = torch.minimum(-adv * dual_clip, clipped)
+    per_token = torch.where(adv < 0, dual, clipped)
+    n = mask.sum().clamp(min=1.0)
+    loss = (per_token * mask).sum() / n
+    with torch.no_grad():
+        clipfrac = (((loss2 > loss1).float()) * mask).sum() / n
+        approx_kl = ((old_logp - logp) * mask).sum() / n
+    return loss, {"clipfrac": float(clipfrac), "approx_kl": float(approx_kl)}
+
+
+def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(π‖π_ref) per token, clamped as verl does."""
+    kl = ref_logp - logp
+    return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                      batch_size: int) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under `model` (one 1-D tensor per turn)."""
+    model.eval()
+    out = []
+    for b in range(0, len(prompts), batch_size):
+        ids, attn, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
+        logp, _ = token_logprobs(model, ids, attn)
+        logp = logp.cpu()
+        for i in range(logp.shape[0]):
+            out.append(logp[i][resp[i]])
+    return out
+
+
+def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
+               ref_logps=None, progress: Callable[[str], None] | None = None) -> dict[str, float]:
+    """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic."""
+    n = len(prompts)
+    gen = torch.Generator().manual_seed(seed)
+    stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl",
+                                                    "grad_norm")}
+    steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
+    started = time.perf_counter()
+    step = 0
+    model.train()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(n, generator=gen).tolist()
+        for b in range(0, n, cfg.minibatch_size):
+            idx = order[b: b + cfg.minibatch_size]
+            ids, attn, resp = pad_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+            logp, entropy = token_logprobs(model, ids, attn, with_entropy=cfg.entropy_coef > 0)
+            resp = resp.to(logp.device)
+            old = torch.zeros_like(logp)
+            old[resp] = torch.cat([old_logps[i] for i in idx]).to(logp.device)
+            adv = torch.tensor([advantages[i] for i in idx], dtype=logp.dtype, device=logp.device).unsqueeze(1)
+            pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip)
+            loss = pg_loss
+            m = resp.float()
+            denom = m.sum().clamp(min=1.0)
+            kl_val = 0.0
+            if ref_logps is not None and cfg.kl_coef > 0:
+                ref = torch.zeros_like(logp)
+                ref[resp] = torch.cat([ref_logps[i] for i in idx]).to(logp.device)
+                kl = (low_var_kl(logp, ref) * m).sum() / denom
+                loss = loss + cfg.kl_coef * kl
+                kl_val = float(kl)
+            ent_val = 0.0
+            if entropy is not None:
+                ent = (entropy * m).sum() / denom
+                loss = loss - cfg.entropy_coef * ent
+                ent_val = float(ent)
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"PPO loss is {float(loss)} at epoch {epoch}, minibatch {b // cfg.minibatch_size}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if not torch.isfinite(grad_norm):
+                raise NonFiniteError(f"gradient norm is {float(grad_norm)} at epoch {epoch}, "
+                                     f"minibatch {b // cfg.minibatch_size}")
+            optimizer.step()
+            step += 1
+            for k, v in (("loss", float(loss)), ("pg_loss", float(pg_loss)), ("kl", kl_val), ("entropy", ent_val),
+                         ("clipfrac", info["clipfrac"]), ("approx_kl", info["approx_kl"]),
+                         ("grad_norm", float(grad_norm))):
+                stats[k].append(v)
+            if progress is not None and (step % 10 == 0 or step == steps_total):
+                rate = step / (time.perf_counter() - started)
+                progress(f"update step {step}/{steps_total}: loss {stats['loss'][-1]:.4f}, "
+                         f"clipfrac {info['clipfrac']:.3f}, {rate:.2f} steps/s")
+    model.eval()
+    return {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}

@@ -1,0 +1,106 @@
+"""The one stage registry: the Snakefile builds its rules from it and `dvc.yaml` is generated from it.
+
+Paths are templates: `{it}` is the iteration, `{prev}` the iteration before it. Iteration 0 is the initial policy
+(`init` writes its checkpoint); iteration i >= 1 rolls out with the checkpoint of i-1, groups, computes advantages
+and updates into the checkpoint of i; `evaluate` scores every iteration's checkpoint, 0 included, on held-out tasks.
+A path ending in `/` is a folder (a checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from pipeline.config import Params
+
+ITER_DIR = "results/iter_{it}"
+CHECKPOINT = ITER_DIR + "/checkpoint/"
+PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
+STEPS = ITER_DIR + "/steps.parquet"
+GROUPS = ITER_DIR + "/groups.parquet"
+ADVANTAGES = ITER_DIR + "/advantages.parquet"
+EVAL = ITER_DIR + "/eval.parquet"
+EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
+REPORT_DIR = "results/report"
+REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    first: int | None          # first iteration it runs for; None: runs once, not per iteration
+    deps: tuple[str, ...]      # templates over {it} / {prev}
+    outs: tuple[str, ...]
+    params: tuple[str, ...]    # params.yaml sections or dotted keys whose change reruns it
+    deps_all: tuple[str, ...] = ()  # templates expanded over every iteration 0..N
+    threads: int = 1
+    code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
+
+    @property
+    def per_iteration(self) -> bool:
+        return self.first is not None
+
+    def module_file(self) -> str:
+        return f"stages/{self.name}.py"
+
+    def command(self, python: str, params_file: str, it: str | None) -> str:
+        cmd = f"{python} -m stages.{self.name} --params {params_file}"
+        return cmd if it is None else f"{cmd} --iteration {it}"
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("init", None, deps=(), outs=("results/iter_0/checkpoint/",),
+          params=("seed", "env", "prompt", "policy", "warmstart"), threads=2),
+    Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout")),
+    Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=()),
+    Stage("advantages", 1, deps=(STEPS, GROUPS), outs=(ADVANTAGES,), params=("credit",)),
+    Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
+          params=("seed", "update")),
+    Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate")),
+    Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),
+)
+
+STAGE_BY_NAME = {s.name: s for s in STAGES}
+
+
+def fill(template: str, it: int) -> str:
+    return template.format(it=it, prev=it - 1)
+
+
+def strip_dir(path: str) -> str:
+    return path.rstrip("/")
+
+
+def iterations(params: Params) -> list[int]:
+    return list(range(params.loop.iterations + 1))
+
+
+def stage_iterations(stage: Stage, params: Params) -> list[int]:
+    return [i for i in iterations(params) if i >= stage.first] if stage.per_iteration else []
+
+
+def param_value(params: Params, key: str):
+    obj = params.model_dump()
+    for part in key.split("."):
+        obj = obj[part]
+    return obj
+
+
+def params_fingerprint(stage: Stage, params: Params) -> str:
+    """A hash of the params this stage depends on (Snakemake reruns the stage when it changes)."""
+    blob = json.dumps({k: param_value(params, k) for k in stage.params}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
+    out = [strip_dir(fill(d, it)) for d in stage.deps] if it is not None else [strip_dir(d) for d in stage.deps]
+    for t in stage.deps_all:
+        out.extend(strip_dir(fill(t, i)) for i in iterations(params))
+    return out
+
+
+def final_targets(params: Params) -> list[str]:
+    return list(REPORT) + [fill(EVAL_METRICS, i) for i in iterations(params)]

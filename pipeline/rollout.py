@@ -1,0 +1,104 @@
+"""Play episodes with a policy: batched generation across every live episode, one row per turn.
+
+All episodes of a call advance together turn by turn; the live ones are generated in batches of `batch_size`.
+Sampling seeds derive from (seed, turn, batch), so the same call gives the same table on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from pipeline.envs.base import Env
+from pipeline.policy import encode_prompt, generate
+from pipeline.prompting import build_prompt
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    task_id: int       # environment seed
+    task_group: int
+    episode_id: int
+
+
+def _mix(*parts: int) -> int:
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[EpisodeSpec], *, history_turns: int,
+                  max_new_tokens: int, temperature: float, batch_size: int, seed: int,
+                  progress: Callable[[str], None] | None = None) -> pl.DataFrame:
+    """Run every episode of `specs` to its end; returns the step rows (schema `tables.STEPS` less `iteration`)."""
+    envs = [make_env() for _ in specs]
+    obs = []
+    for env, spec in zip(envs, specs):
+        o, anchor = env.reset(spec.task_id)
+        obs.append((o, anchor))
+    history: list[list[tuple[str, str | None]]] = [[] for _ in specs]
+    rows: list[dict] = []
+    live = list(range(len(specs)))
+    turn = 0
+    started = time.perf_counter()
+    model.eval()
+    while live:
+        prompts = [build_prompt(envs[i].task_description(), history[i], obs[i][0], envs[i].actions, history_turns)
+                   for i in live]
+        prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
+        gens = []
+        for b in range(0, len(live), batch_size):
+            gens.extend(generate(model, tokenizer, prompt_ids[b: b + batch_size], max_new_tokens, temperature,
+                                 seed=_mix(seed, turn, b)))
+        still = []
+        for k, i in enumerate(live):
+            g = gens[k]
+            res = envs[i].step(g.text)
+            spec = specs[i]
+            rows.append({
+                "task_id": spec.task_id, "task_group": spec.task_group, "episode_id": spec.episode_id,
+                "step": turn, "observation": obs[i][0], "anchor": obs[i][1], "prompt": prompts[k],
+                "prompt_ids": prompt_ids[k], "response_ids": g.response_ids, "response_logprobs": g.logprobs,
+                "response": g.text, "action": res.action, "action_valid": res.action_valid,
+                "reward": res.reward, "terminated": res.terminated, "truncated": res.truncated,
+                "success": res.success, "env_error": None,
+            })
+            history[i].append((obs[i][0], res.action))
+            obs[i] = (res.observation, res.anchor)
+            if not (res.terminated or res.truncated):
+                still.append(i)
+        turn += 1
+        if progress is not None:
+            done = len(specs) - len(still)
+            rate = len(rows) / max(time.perf_counter() - started, 1e-9)
+            progress(f"turn {turn}: {done}/{len(specs)} episodes done, {len(rows)} turns, {rate:.1f} turns/s")
+        live = still
+    return finish_episodes(pl.DataFrame(rows, schema_overrides={"action": pl.String, "env_error": pl.String}))
+
+
+def finish_episodes(steps: pl.DataFrame) -> pl.DataFrame:
+    """Add the episode-level columns: return, length and success broadcast to every turn."""
+    return steps.with_columns(
+        pl.col("reward").sum().over("episode_id").alias("episode_return"),
+        pl.len().over("episode_id").cast(pl.Int32).alias("episode_length"),
+        pl.col("success").any().over("episode_id").alias("success"),
+    ).sort("episode_id", "step")
+
+
+def episode_summary(steps: pl.DataFrame) -> dict[str, float]:
+    """Success rate, mean return, mean length and invalid-action rate of a step table."""
+    eps = steps.group_by("episode_id").agg(
+        pl.col("success").first(), pl.col("episode_return").first(), pl.col("episode_length").first()
+    )
+    return {
+        "episodes": float(eps.height),
+        "success_rate": float(eps["success"].mean()),
+        "mean_return": float(eps["episode_return"].mean()),
+        "mean_length": float(eps["episode_length"].mean()),
+        "invalid_action_rate": float(1.0 - steps["action_valid"].mean()),
+        "turns": float(steps.height),
+    }

@@ -1,0 +1,74 @@
+"""What every stage entry point shares: arguments, validated params, threads, progress lines, tracking."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import ParamsError, load_params
+from pipeline.tables import TableError
+
+
+@dataclass
+class StageContext:
+    params: object
+    params_file: str
+    iteration: int | None
+    stage: str
+    started: float
+
+    def log(self, msg: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        where = self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]"
+        print(f"[{where} {elapsed:7.1f}s] {msg}", flush=True)
+
+    def path(self, template: str, it: int | None = None) -> Path:
+        from pipeline.registry import fill, strip_dir
+
+        it = self.iteration if it is None else it
+        return Path(strip_dir(fill(template, it) if it is not None else template))
+
+
+def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None) -> StageContext:
+    ap = argparse.ArgumentParser(prog=f"python -m stages.{stage}")
+    ap.add_argument("--params", default="params.yaml", help="validated parameters file")
+    if per_iteration:
+        ap.add_argument("--iteration", type=int, required=True)
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        params = load_params(args.params)
+    except ParamsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    it = getattr(args, "iteration", None)
+    if it is not None and not (0 <= it <= params.loop.iterations):
+        print(f"error: --iteration {it} is outside 0..loop.iterations ({params.loop.iterations}) of {args.params}",
+              file=sys.stderr)
+        sys.exit(2)
+    ctx = StageContext(params, args.params, it, stage, started)
+    _set_threads(params)
+    return ctx
+
+
+def _set_threads(params) -> None:
+    import torch
+
+    n = params.runtime.torch_threads or int(os.environ.get("CREDITRL_THREADS", "0")) or os.cpu_count() or 1
+    torch.set_num_threads(n)
+
+
+@contextmanager
+def stage_errors(ctx: StageContext):
+    """Turn the errors a user can cause into one clear line and exit status 1 (no traceback noise)."""
+    try:
+        yield
+    except (TableError, ParamsError, FileNotFoundError, ValueError, ArithmeticError) as e:
+        print(f"error in stage {ctx.stage}"
+              f"{'' if ctx.iteration is None else f' (iteration {ctx.iteration})'}: {e}", file=sys.stderr)
+        sys.exit(1)

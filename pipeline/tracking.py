@@ -1,0 +1,156 @@
+"""MLflow tracking: one parent run per pipeline invocation, one child run per stage and iteration.
+
+Every stage uses one absolute tracking URI (default: the SQLite database `mlflow.db` at the repository root) and
+artifacts under `mlartifacts/` there. The parent run is found by the invocation's key: the process id and start
+time of the `snakemake` or `dvc` process that launched the stage (a stage run by hand gets its own parent). A file
+lock makes parallel stages agree on one parent.
+
+Tracking is not a single point of failure: if MLflow cannot be reached the stage warns, goes on, and its metrics
+are still in `results/metrics/` (written whatever happens to MLflow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+from pipeline.config import Params, params_dict
+
+INVOCATION_TAG = "creditrl.invocation"
+
+
+def repo_root() -> Path:
+    return Path(os.environ.get("CREDITRL_ROOT", Path.cwd())).resolve()
+
+
+def tracking_uri(params: Params, root: Path | None = None) -> str:
+    root = root or repo_root()
+    if params.tracking.tracking_uri:
+        return params.tracking.tracking_uri
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def invocation() -> tuple[str, str]:
+    """(key, driver): the nearest ancestor that is snakemake or dvc identifies this pipeline invocation."""
+    override = os.environ.get("CREDITRL_INVOCATION")
+    if override:
+        return override, "env"
+    try:
+        import psutil
+
+        proc = psutil.Process().parent()
+        while proc is not None and proc.pid > 1:
+            cmd = " ".join(proc.cmdline()).lower()
+            for driver in ("snakemake", "dvc"):
+                if driver in Path(proc.cmdline()[0]).name.lower() or f"/{driver} " in cmd or f"-m {driver}" in cmd \
+                        or (len(proc.cmdline()) > 1 and Path(proc.cmdline()[1]).name.lower() == driver):
+                    return f"{driver}-{proc.pid}-{int(proc.create_time())}", driver
+            proc = proc.parent()
+    except Exception:  # noqa: BLE001 - process inspection is best effort
+        pass
+    return f"manual-{os.getpid()}-{int(time.time())}", "manual"
+
+
+class Tracker:
+    """Child run of a stage; every call is safe when MLflow is down (it warns once and goes on)."""
+
+    def __init__(self, params: Params, stage: str, iteration: int | None, root: Path | None = None):
+        self.params = params
+        self.stage = stage
+        self.iteration = iteration
+        self.root = root or repo_root()
+        self.client = None
+        self.run_id = None
+        self.parent_id = None
+        self.metrics_file = self.root / "results" / "metrics" / (
+            f"{stage}.jsonl" if iteration is None else f"{stage}_{iteration}.jsonl")
+        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        self.metrics_file.write_text("")
+        if params.tracking.enabled:
+            self._guard(self._start)
+
+    def _guard(self, fn, *args):
+        if self.params.tracking.enabled and (self.client is not None or fn == self._start):
+            try:
+                return fn(*args)
+            except Exception as e:  # noqa: BLE001 - tracking must never stop the pipeline
+                warnings.warn(f"MLflow tracking unavailable ({type(e).__name__}: {e}); metrics are still written to "
+                              f"{self.metrics_file}", stacklevel=3)
+                self.client = None
+        return None
+
+    def _start(self) -> None:
+        from filelock import FileLock
+        from mlflow import MlflowClient
+
+        uri = tracking_uri(self.params, self.root)
+        client = MlflowClient(tracking_uri=uri)
+        key, driver = invocation()
+        with FileLock(str(self.root / ".mlflow.lock"), timeout=60):
+            exp = client.get_experiment_by_name(self.params.tracking.experiment)
+            if exp is None:
+                art = (self.root / "mlartifacts").as_uri()
+                exp_id = client.create_experiment(self.params.tracking.experiment, artifact_location=art)
+            else:
+                exp_id = exp.experiment_id
+            found = client.search_runs([exp_id], filter_string=f"tags.`{INVOCATION_TAG}` = '{key}'", max_results=1)
+            if found:
+                parent = found[0].info.run_id
+            else:
+                run = client.create_run(exp_id, run_name=f"{driver} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                                        tags={INVOCATION_TAG: key, "creditrl.driver": driver,
+                                              "creditrl.method": self.params.credit.method})
+                parent = run.info.run_id
+                self._log_params(client, parent)
+        name = self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]"
+        tags = {"mlflow.parentRunId": parent, "creditrl.stage": self.stage, INVOCATION_TAG: key}
+        if self.iteration is not None:
+            tags["creditrl.iteration"] = str(self.iteration)
+        child = client.create_run(exp_id, run_name=name, tags=tags)
+        self._log_params(client, child.info.run_id)
+        self.client, self.run_id, self.parent_id = client, child.info.run_id, parent
+
+    def _log_params(self, client, run_id: str) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params_dict(self.params).items()]
+        for i in range(0, len(items), 100):
+            client.log_batch(run_id, params=items[i: i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None, parent: bool = False) -> None:
+        """Log to the child run (and to the parent with `parent=True`); always appended to the metrics file."""
+        record = {"stage": self.stage, "iteration": self.iteration, "step": step, "parent": parent,
+                  "time": time.time(), "metrics": metrics}
+        with self.metrics_file.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._guard(self._log_metrics, metrics, step, parent)
+
+    def _log_metrics(self, metrics, step, parent) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+        if parent:
+            self.client.log_batch(self.parent_id, metrics=batch)
+
+    def log_artifact(self, path: str | Path, parent: bool = False) -> None:
+        self._guard(lambda: self.client.log_artifact(self.parent_id if parent else self.run_id, str(path)))
+
+    def finish(self, status: str = "FINISHED", end_parent: bool = False) -> None:
+        def _end():
+            self.client.set_terminated(self.run_id, status=status)
+            if end_parent:
+                self.client.set_terminated(self.parent_id, status=status)
+
+        self._guard(_end)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.finish("FAILED" if exc_type else "FINISHED")
+        return False

@@ -1,0 +1,52 @@
+"""Stage `advantages`: per-turn advantages with `credit.method` (credit-assignment.md)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.credit import compute_advantages
+from pipeline.registry import ADVANTAGES, GROUPS, STEPS
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import ADVANTAGES as ADV_SCHEMA
+from pipeline.tables import GROUPS as GROUPS_SCHEMA
+from pipeline.tables import STEPS as STEPS_SCHEMA
+from pipeline.tables import read_table, write_table
+from pipeline.tracking import Tracker
+
+
+class NonFiniteAdvantageError(ValueError):
+    pass
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("advantages", per_iteration=True, argv=argv)
+    p = ctx.params
+    with stage_errors(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
+        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).drop("task_group")
+        groups = read_table(ctx.path(GROUPS), GROUPS_SCHEMA)
+        table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
+        if table.height != steps.height:
+            raise ValueError(f"{ctx.path(GROUPS)} covers {table.height} of the {steps.height} turns of "
+                             f"{ctx.path(STEPS)}; rerun the group stage")
+        adv = compute_advantages(table, p.credit)
+        bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
+            ~pl.col("advantage").is_finite())
+        if bad.height:
+            raise NonFiniteAdvantageError(
+                f"iteration {ctx.iteration}: {bad.height} non-finite advantages, first in task_group "
+                f"{bad['task_group'][0]} (episode {bad['episode_id'][0]})")
+        write_table(adv, ctx.path(ADVANTAGES), ADV_SCHEMA)
+        stats = {
+            "advantage_mean": float(adv["advantage"].mean()),
+            "advantage_std": float(adv["advantage"].std()),
+            "advantage_abs_max": float(adv["advantage"].abs().max()),
+            "share_nonzero_step_advantage": float((adv["step_advantage"] != 0).mean()),
+            "share_zero_advantage": float((adv["advantage"] == 0).mean()),
+        }
+        tracker.log_metrics({f"adv/{k}": v for k, v in stats.items()}, step=ctx.iteration, parent=True)
+        ctx.log(f"wrote {ctx.path(ADVANTAGES)} with {p.credit.method}: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Stage `evaluate`: iteration i's checkpoint on held-out tasks (seeds disjoint from training and warm start).
+
+Writes one row per episode (`tables.EVAL_EPISODES`) and the iteration's metrics: success rate, mean return, mean
+episode length, invalid-action rate; the metrics also go to the parent MLflow run with `step = iteration`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from pipeline.config import EVAL_SEED_BASE
+from pipeline.envs.base import make_env
+from pipeline.policy import load_policy
+from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
+from pipeline.rollout import EpisodeSpec, episode_summary, play_episodes
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import EVAL_EPISODES, write_table, write_text_atomic
+from pipeline.tracking import Tracker
+
+
+def eval_specs(p) -> list[EpisodeSpec]:
+    return [EpisodeSpec(EVAL_SEED_BASE + j, j, j) for j in range(p.evaluate.tasks)]
+
+
+def optimal_moves(p, task_ids: list[int]) -> list[int]:
+    env = make_env(p.env)
+    out = []
+    for t in task_ids:
+        env.reset(t)
+        out.append(int(env.solver().distance(env.state)))
+    return out
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("evaluate", per_iteration=True, argv=argv)
+    p, it = ctx.params, ctx.iteration
+    with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
+        model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype)
+        specs = eval_specs(p)
+        ctx.log(f"{len(specs)} held-out tasks, temperature {p.evaluate.temperature}")
+        steps = play_episodes(model, tokenizer, lambda: make_env(p.env), specs,
+                              history_turns=p.prompt.history_turns, max_new_tokens=p.policy.max_new_tokens,
+                              temperature=p.evaluate.temperature, batch_size=p.rollout.batch_size,
+                              seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
+        episodes = steps.group_by("episode_id").agg(
+            pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
+            pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),
+        ).sort("task_id")
+        episodes = episodes.with_columns(
+            pl.lit(it, dtype=pl.Int32).alias("iteration"),
+            pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),
+        )
+        write_table(episodes, ctx.path(EVAL), EVAL_EPISODES)
+        summary = episode_summary(steps)
+        write_text_atomic(ctx.path(EVAL_METRICS), json.dumps({"iteration": it, **summary}, indent=2) + "\n")
+        tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, step=it, parent=True)
+        ctx.log(f"wrote {ctx.path(EVAL)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()

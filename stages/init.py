@@ -1,0 +1,50 @@
+"""Stage `init`: the policy of iteration 0.
+
+With `policy.path` null: train a byte-level BPE tokenizer on environment text, build the tiny Llama with random
+weights, warm-start it on solver demonstrations, and save it. With `policy.path` set: copy that local Hugging Face
+model folder's weights and tokenizer as iteration 0's checkpoint (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+from pipeline.policy import build_tiny_model, load_policy, train_tokenizer
+from pipeline.registry import STAGE_BY_NAME, strip_dir
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import atomic_dir
+from pipeline.tracking import Tracker
+from pipeline.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("init", per_iteration=False, argv=argv)
+    p = ctx.params
+    out = strip_dir(STAGE_BY_NAME["init"].outs[0])
+    with stage_errors(ctx), Tracker(p, "init", 0) as tracker:
+        if p.policy.path:
+            ctx.log(f"loading local model folder {p.policy.path}")
+            model, tokenizer = load_policy(p.policy.path, p.policy.dtype)
+            metrics = {}
+        else:
+            ctx.log("training the tokenizer on environment text")
+            tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size)
+            model = build_tiny_model(tokenizer, p.policy.tiny, p.seed)
+            n_params = sum(x.numel() for x in model.parameters())
+            ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}")
+            pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed)
+            ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
+            losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,
+                                          p.warmstart.lr, p.seed, progress=ctx.log)
+            metrics = {"parameters": float(n_params), "demonstration_turns": float(len(pairs))}
+            if losses:
+                metrics["warmstart_final_loss"] = sum(losses[-20:]) / len(losses[-20:])
+                for i in range(0, len(losses), max(1, len(losses) // 50)):
+                    tracker.log_metrics({"warmstart_loss": losses[i]}, step=i)
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        tracker.log_metrics(metrics)
+        ctx.log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Stage `report`: the success-rate curve over iterations, as CSV and PNG, logged to the parent MLflow run.
+
+It is the last stage of an invocation, so it also marks the parent run finished.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from pipeline.registry import EVAL_METRICS, REPORT, fill, iterations
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import _tmp_name, write_text_atomic
+from pipeline.tracking import Tracker
+
+
+def load_curve(p) -> pl.DataFrame:
+    rows = []
+    for it in iterations(p):
+        path = fill(EVAL_METRICS, it)
+        try:
+            rows.append(json.loads(open(path).read()))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: evaluation metrics of iteration {it} missing; run evaluate first")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return pl.DataFrame(rows).select("iteration", "success_rate", "mean_return", "mean_length",
+                                     "invalid_action_rate", "episodes")
+
+
+def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.plot(curve["iteration"], curve["success_rate"], marker="o", color="#1f77b4", label="success rate")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out success rate")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(curve["iteration"], curve["invalid_action_rate"], ls="--", color="#d62728", label="invalid actions")
+    ax2.set_ylabel("invalid-action rate", color="#d62728")
+    ax2.set_ylim(0, 1)
+    ax.set_title(title)
+    fig.tight_layout()
+    tmp = _tmp_name(path).with_suffix(".png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("report", per_iteration=False, argv=argv)
+    p = ctx.params
+    with stage_errors(ctx):
+        tracker = Tracker(p, "report", None)
+        curve = load_curve(p)
+        csv_path, png_path = (ctx.path(x) for x in REPORT)
+        write_text_atomic(csv_path, curve.write_csv())
+        first, last = curve["success_rate"][0], curve["success_rate"][-1]
+        plot_curve(curve, png_path, f"{p.env.name}, {p.credit.method}: {first:.2f} -> {last:.2f}")
+        tracker.log_metrics({"report/success_first": first, "report/success_last": last})
+        tracker.log_artifact(csv_path, parent=True)
+        tracker.log_artifact(png_path, parent=True)
+        tracker.finish("FINISHED", end_parent=True)
+        ctx.log(f"wrote {csv_path} and {png_path}: success {first:.3f} at iteration 0, {last:.3f} at the last")
+        print(curve)
+
+
+if __name__ == "__main__":
+    main()

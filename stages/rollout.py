@@ -1,0 +1,54 @@
+"""Stage `rollout`: iteration i's policy (the checkpoint of i-1) plays G episodes of each training task.
+
+Writes the step table (`tables.STEPS`): one row per turn with the observation, the anchor, prompt and response
+token ids, the rollout engine's per-token log-probs, the action, its validity, the reward and the episode's
+return and success.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.config import SEEDS_PER_ITERATION, TRAIN_SEED_BASE
+from pipeline.envs.base import make_env
+from pipeline.policy import load_policy
+from pipeline.registry import PREV_CHECKPOINT, STEPS
+from pipeline.rollout import EpisodeSpec, episode_summary, play_episodes
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import STEPS as STEPS_SCHEMA
+from pipeline.tables import write_table
+from pipeline.tracking import Tracker
+
+
+def training_specs(p, it: int) -> list[EpisodeSpec]:
+    """Task seeds of iteration `it` (disjoint from warm-start and evaluation seeds, see config)."""
+    specs = []
+    for t in range(p.rollout.tasks_per_iteration):
+        task_id = TRAIN_SEED_BASE + p.seed * 10 * SEEDS_PER_ITERATION + it * SEEDS_PER_ITERATION + t
+        group = it * SEEDS_PER_ITERATION + t
+        for g in range(p.rollout.group_size):
+            specs.append(EpisodeSpec(task_id, group, group * 1000 + g))
+    return specs
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("rollout", per_iteration=True, argv=argv)
+    p, it = ctx.params, ctx.iteration
+    with stage_errors(ctx), Tracker(p, "rollout", it) as tracker:
+        model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype)
+        specs = training_specs(p, it)
+        ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
+        steps = play_episodes(model, tokenizer, lambda: make_env(p.env), specs,
+                              history_turns=p.prompt.history_turns, max_new_tokens=p.policy.max_new_tokens,
+                              temperature=p.rollout.temperature, batch_size=p.rollout.batch_size,
+                              seed=p.seed * 1_000_003 + it, progress=ctx.log)
+        steps = steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration"))
+        write_table(steps, ctx.path(STEPS), STEPS_SCHEMA)
+        summary = episode_summary(steps)
+        summary["response_tokens_mean"] = float(steps["response_ids"].list.len().mean())
+        tracker.log_metrics({f"train/{k}": v for k, v in summary.items()}, step=it, parent=True)
+        ctx.log(f"wrote {ctx.path(STEPS)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()

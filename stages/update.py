@@ -1,0 +1,77 @@
+"""Stage `update`: PPO-clip on the response tokens of iteration i's turns, from the checkpoint of i-1 to that of i.
+
+`log π_old` is recomputed from the rollout checkpoint (credit-assignment.md, Policy update); its mismatch with
+the rollout engine's log-probs is reported. The optimiser state travels with the checkpoint. A non-finite loss or
+advantage stops the stage before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import torch
+
+from pipeline.policy import load_policy
+from pipeline.ppo import ppo_update, sequence_logprobs
+from pipeline.registry import ADVANTAGES, CHECKPOINT, PREV_CHECKPOINT, STEPS
+from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tables import ADVANTAGES as ADV_SCHEMA
+from pipeline.tables import STEPS as STEPS_SCHEMA
+from pipeline.tables import atomic_dir, read_table
+from pipeline.tracking import Tracker
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def main(argv=None) -> None:
+    ctx = parse_args("update", per_iteration=True, argv=argv)
+    p, it = ctx.params, ctx.iteration
+    with stage_errors(ctx), Tracker(p, "update", it) as tracker:
+        prev = ctx.path(PREV_CHECKPOINT)
+        model, tokenizer = load_policy(prev, p.policy.dtype)
+        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
+            "episode_id", "step", "prompt_ids", "response_ids", "response_logprobs")
+        adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)
+        table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
+        if table.height != steps.height:
+            raise ValueError(f"{ctx.path(ADVANTAGES)} covers {table.height} of {steps.height} turns")
+        if not table["advantage"].is_finite().all():
+            raise ValueError(f"iteration {it}: non-finite advantages in {ctx.path(ADVANTAGES)}")
+        table = table.filter(pl.col("response_ids").list.len() > 0)
+        prompts = table["prompt_ids"].to_list()
+        responses = table["response_ids"].to_list()
+        advantages = table["advantage"].to_list()
+        ctx.log(f"recomputing log pi_old for {len(prompts)} turns")
+        old = sequence_logprobs(model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size)
+        engine = torch.cat([torch.tensor(x, dtype=torch.float32) for x in table["response_logprobs"].to_list()])
+        recomputed = torch.cat(old)
+        mismatch = {"logprob_mismatch_abs_mean": float((engine - recomputed).abs().mean()),
+                    "logprob_mismatch_abs_max": float((engine - recomputed).abs().max())}
+        ref = None
+        if p.update.kl_coef > 0:
+            ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype)
+            ref = sequence_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size)
+            del ref_model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=p.update.lr, weight_decay=p.update.weight_decay)
+        if (prev / OPTIMIZER_FILE).is_file():
+            optimizer.load_state_dict(torch.load(prev / OPTIMIZER_FILE, weights_only=True))
+            for group in optimizer.param_groups:
+                group["lr"] = p.update.lr
+                group["weight_decay"] = p.update.weight_decay
+        stats = ppo_update(model, optimizer, prompts, responses, advantages, old, p.update,
+                           tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log)
+        stats.update(mismatch)
+        if not all(math.isfinite(v) for v in stats.values()):
+            raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
+        out = ctx.path(CHECKPOINT)
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        tracker.log_metrics({f"update/{k}": v for k, v in stats.items()}, step=it, parent=True)
+        ctx.log(f"wrote {out}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
+
+
+if __name__ == "__main__":
+    main()

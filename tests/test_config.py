@@ -1,0 +1,68 @@
+"""params.yaml validation: one message naming the key and what was expected (issue 2, point 2)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Params, ParamsError, load_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, data) -> Path:
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_default_params_file_is_valid_and_matches_schema_defaults():
+    p = load_params(ROOT / "params.yaml")
+    assert p.credit.method == "grpo" and p.rollout.group_size == 8 and p.env.max_turns == 15
+    assert p.prompt.history_turns == 2 and p.credit.invalid_penalty == 0.1
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"rollout": {"group_sise": 8}}, "key 'rollout.group_sise': unknown key"),
+    ({"bogus": 1}, "key 'bogus': unknown key"),
+    ({"rollout": {"group_size": "eight"}}, "key 'rollout.group_size'"),
+    ({"rollout": {"group_size": -2}}, "key 'rollout.group_size': Input should be greater than or equal to 1"),
+    ({"rollout": {"group_size": 1}}, "rollout.group_size is 1, but credit.method 'grpo'"),
+    ({"credit": {"method": "ppo-magic"}}, "key 'credit.method'"),
+    ({"loop": {"iterations": 0}}, "key 'loop.iterations': Input should be greater than or equal to 1"),
+    ({"policy": {"path": "/nonexistent/model"}}, "is not a Hugging Face model folder"),
+    ({"update": {"clip_ratio": 1.5}}, "key 'update.clip_ratio'"),
+    ({"policy": {"tiny": {"hidden_size": 30, "num_attention_heads": 4}}}, "must be divisible"),
+    ({"env": {"name": "chess"}}, "key 'env.name'"),
+    ({"warmstart": {"random_action_share": 1.2}}, "key 'warmstart.random_action_share'"),
+])
+def test_bad_params_name_the_key(tmp_path, data, fragment):
+    path = write(tmp_path, data)
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    msg = str(e.value)
+    assert str(path) in msg and fragment in msg
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ParamsError, match="params file not found"):
+        load_params(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(bad)
+
+
+def test_stage_refuses_bad_params_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    path = write(tmp_path, {"rollout": {"group_size": 0}})
+    r = subprocess.run([sys.executable, "-m", "stages.init", "--params", str(path)], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "rollout.group_size" in r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_schema_defaults_equal_an_empty_file(tmp_path):
+    assert load_params(write(tmp_path, {})) == Params()

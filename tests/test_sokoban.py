@@ -1,0 +1,82 @@
+"""Sokoban rules, generation and the exact solver (issue 2, point 3; credit-assignment.md, Oracle credit)."""
+
+import math
+
+import pytest
+
+from pipeline.envs.sokoban import (REWARD_BOX_OFF, REWARD_BOX_ON, REWARD_SOLVED, REWARD_STEP, SokobanEnv, Solver,
+                                   generate_room, parse_grid)
+
+
+def dist(grid: str) -> float:
+    room, state = parse_grid(grid)
+    return Solver(room, state).distance(state)
+
+
+@pytest.mark.parametrize("grid, expected", [
+    ("____\n@$_.\n____\n____", 2),          # push right twice
+    (".$@_\n____\n____\n____", 1),          # push left once
+    ("_.__\n____\n_$__\n_@__", 2),          # push up twice
+    ("____\n_$_.\n@___\n____", 3),          # walk up behind the box, then push twice
+    ("$___\n@___\n___.\n____", math.inf),   # box in a corner off target: dead
+    ("_*__\n@___\n____\n____", 0),          # already solved
+])
+def test_bfs_distances_on_hand_made_rooms(grid, expected):
+    assert dist(grid) == expected
+
+
+def test_optimal_actions_and_dead_state():
+    room, state = parse_grid("____\n_$_.\n@___\n____")
+    solver = Solver(room, state)
+    assert solver.optimal_actions(state) == ["up"]
+    # the box pushed against the top wall, off the target row: dead
+    assert solver.distance(((2, 2), ((1, 2),))) == math.inf
+    assert solver.optimal_actions(((2, 2), ((1, 2),))) == []
+
+
+def test_rewards_follow_gym_sokoban():
+    room, state = parse_grid("____\n@$._\n____\n____")
+    # push onto target: step penalty + box on target + solved
+    nxt, shaped = room.move(state, "right")
+    assert shaped == REWARD_BOX_ON and room.solved(nxt)
+    room2, s2 = parse_grid("____\n@*__\n____\n____")
+    _, shaped_off = room2.move(s2, "right")
+    assert shaped_off == REWARD_BOX_OFF
+    env = SokobanEnv()
+    env.room, env.state, env.turn = room, state, 0
+    res = env.step("<action>right</action>")
+    assert res.reward == pytest.approx(REWARD_STEP + REWARD_BOX_ON + REWARD_SOLVED)
+    assert res.terminated and res.success and res.action_valid and not res.truncated
+
+
+def test_invalid_action_is_a_noop_and_episode_truncates():
+    env = SokobanEnv(max_turns=2)
+    obs, anchor = env.reset(11)
+    res = env.step("I think I'll go north")
+    assert not res.action_valid and res.action is None
+    assert res.anchor == anchor and res.reward == pytest.approx(REWARD_STEP)
+    res = env.step("<action>sideways</action>")
+    assert not res.action_valid and res.truncated and not res.terminated
+
+
+def test_walking_into_a_wall_is_valid_and_changes_nothing():
+    room, state = parse_grid("@___\n_$_.\n____\n____")
+    assert room.move(state, "up") == (state, 0.0)
+
+
+def test_generation_is_deterministic_and_solvable():
+    for seed in range(20):
+        a, sa = generate_room(seed, min_solution_moves=2)
+        b, sb = generate_room(seed, min_solution_moves=2)
+        assert a == b and sa == sb
+        d = Solver(a, sa).distance(sa)
+        assert 2 <= d < math.inf
+    assert generate_room(1)[0] != generate_room(2)[0] or generate_room(1)[1] != generate_room(2)[1]
+
+
+def test_render_round_trips_and_anchor_is_the_grid():
+    env = SokobanEnv()
+    obs, anchor = env.reset(5)
+    assert obs.startswith(anchor + "\n") and "you " in obs.splitlines()[-1]
+    room, state = parse_grid(anchor)
+    assert room.render(state) == anchor and state == env.state and room.targets == env.room.targets
