@@ -27,25 +27,31 @@ def _outputs(stage):
     return [directory(strip_dir(o)) if o.endswith("/") else o for o in stage.outs]
 
 
+# Directives that Snakemake evaluates at job time (shell, input functions) must not read the loop variable:
+# each binds its stage through a default argument or a params value.
 for _st in STAGES:
     if _st.per_iteration:
         rule:
             name: _st.name
             input: lambda wc, st=_st: deps_for(st, P, int(wc.it))
             output: _outputs(_st)
-            params: fingerprint=params_fingerprint(_st, P)
+            params:
+                fingerprint=params_fingerprint(_st, P),
+                cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.it),
             log: f"results/logs/{_st.name}_{{it}}.log"
             benchmark: f"results/benchmarks/{_st.name}_{{it}}.tsv"
             threads: _st.threads
             wildcard_constraints: it=r"[1-9]\d*" if _st.first >= 1 else r"\d+"
-            shell: "CREDITRL_THREADS={threads} " + _st.command(PY, PARAMS_FILE, "{wildcards.it}") + " > {log} 2>&1"
+            shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"
     else:
         rule:
             name: _st.name
             input: deps_for(_st, P, None)
             output: _outputs(_st)
-            params: fingerprint=params_fingerprint(_st, P)
+            params:
+                fingerprint=params_fingerprint(_st, P),
+                cmd=_st.command(PY, PARAMS_FILE, None),
             log: f"results/logs/{_st.name}.log"
             benchmark: f"results/benchmarks/{_st.name}.tsv"
             threads: _st.threads
-            shell: "CREDITRL_THREADS={threads} " + _st.command(PY, PARAMS_FILE, None) + " > {log} 2>&1"
+            shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"

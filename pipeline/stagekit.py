@@ -51,16 +51,11 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None) -
         print(f"error: --iteration {it} is outside 0..loop.iterations ({params.loop.iterations}) of {args.params}",
               file=sys.stderr)
         sys.exit(2)
-    ctx = StageContext(params, args.params, it, stage, started)
-    _set_threads(params)
-    return ctx
-
-
-def _set_threads(params) -> None:
-    import torch
-
     n = params.runtime.torch_threads or int(os.environ.get("CREDITRL_THREADS", "0")) or os.cpu_count() or 1
-    torch.set_num_threads(n)
+    # Set before torch is imported (stages that need no model never import it, which keeps their start-up short).
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    os.environ["MKL_NUM_THREADS"] = str(n)
+    return StageContext(params, args.params, it, stage, started)
 
 
 @contextmanager

@@ -96,17 +96,20 @@ class Tracker:
                 exp_id = client.create_experiment(self.params.tracking.experiment, artifact_location=art)
             else:
                 exp_id = exp.experiment_id
-            found = client.search_runs([exp_id], filter_string=f"tags.`{INVOCATION_TAG}` = '{key}'", max_results=1)
+            found = client.search_runs(
+                [exp_id], filter_string=f"tags.`{INVOCATION_TAG}` = '{key}' and tags.`creditrl.role` = 'parent'",
+                max_results=1)
             if found:
                 parent = found[0].info.run_id
             else:
                 run = client.create_run(exp_id, run_name=f"{driver} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                                        tags={INVOCATION_TAG: key, "creditrl.driver": driver,
+                                        tags={INVOCATION_TAG: key, "creditrl.driver": driver, "creditrl.role": "parent",
                                               "creditrl.method": self.params.credit.method})
                 parent = run.info.run_id
                 self._log_params(client, parent)
         name = self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]"
-        tags = {"mlflow.parentRunId": parent, "creditrl.stage": self.stage, INVOCATION_TAG: key}
+        tags = {"mlflow.parentRunId": parent, "creditrl.stage": self.stage, INVOCATION_TAG: key,
+                "creditrl.role": "stage"}
         if self.iteration is not None:
             tags["creditrl.iteration"] = str(self.iteration)
         child = client.create_run(exp_id, run_name=name, tags=tags)

@@ -1,0 +1,97 @@
+"""End to end: the real Snakefile on a tiny configuration, 2 iterations (issue 2, points 6-9 and 11)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from pipeline import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("e2e")
+    shutil.copy(ROOT / "Snakefile", d / "Snakefile")
+    shutil.copy(ROOT / "tests" / "tiny_params.yaml", d / "params.yaml")
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((d / "results/logs").glob("*.log")))
+        pytest.fail(f"snakemake failed:\n{r.stderr[-4000:]}\n{logs}")
+    return d
+
+
+pytestmark = pytest.mark.e2e
+
+
+def test_tables_match_their_schemas(run_dir):
+    for it in (1, 2):
+        steps = tables.read_table(run_dir / f"results/iter_{it}/steps.parquet", tables.STEPS)
+        assert steps["iteration"].unique().to_list() == [it]
+        assert steps["episode_id"].n_unique() == 2 * 3  # 2 tasks x group size 3
+        assert steps["task_group"].n_unique() == 2
+        assert (steps["response_ids"].list.len() == steps["response_logprobs"].list.len()).all()
+        per_ep = steps.group_by("episode_id").agg(pl.col("reward").sum(), pl.col("episode_return").first(),
+                                                 pl.len(), pl.col("episode_length").first())
+        assert (per_ep["reward"] - per_ep["episode_return"]).abs().max() < 1e-9
+        assert (per_ep["len"] == per_ep["episode_length"]).all() and per_ep["len"].max() <= 4
+        groups = tables.read_table(run_dir / f"results/iter_{it}/groups.parquet", tables.GROUPS)
+        assert groups.height == steps.height
+        adv = tables.read_table(run_dir / f"results/iter_{it}/advantages.parquet", tables.ADVANTAGES)
+        assert adv.height == steps.height and adv["advantage"].is_finite().all()
+    for it in (0, 1, 2):
+        ev = tables.read_table(run_dir / f"results/iter_{it}/eval.parquet", tables.EVAL_EPISODES)
+        assert ev.height == 4 and ev["iteration"].unique().to_list() == [it]
+        assert ev["task_id"].min() >= 900_000_000  # held-out seeds
+        m = json.loads((run_dir / f"results/iter_{it}/eval_metrics.json").read_text())
+        assert m["episodes"] == 4 and 0 <= m["success_rate"] <= 1
+        assert (run_dir / f"results/benchmarks/evaluate_{it}.tsv").is_file()
+    curve = pl.read_csv(run_dir / "results/report/success_curve.csv")
+    assert curve["iteration"].to_list() == [0, 1, 2]
+    assert (run_dir / "results/report/success_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_checkpoints_load_through_auto_classes(run_dir):
+    from pipeline.policy import encode_prompt, load_policy
+
+    steps = tables.read_table(run_dir / "results/iter_2/steps.parquet", tables.STEPS).head(5)
+    for it in (0, 1, 2):
+        model, tok = load_policy(run_dir / f"results/iter_{it}/checkpoint")
+        assert tok.eos_token == "<eos>" and model.config.model_type == "llama"
+        # the reloaded tokenizer gives the ids the rollout recorded (no class swap on reload)
+        for prompt, ids in zip(steps["prompt"], steps["prompt_ids"]):
+            assert encode_prompt(tok, prompt) == ids.to_list()
+    assert (run_dir / "results/iter_2/checkpoint/optimizer.pt").is_file()
+    assert not list(run_dir.glob("results/**/.*.tmp-*"))
+
+
+def test_mlflow_has_one_parent_and_a_child_per_stage_and_iteration(run_dir):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("creditrl")
+    runs = client.search_runs([exp.experiment_id], max_results=200)
+    parents = [r for r in runs if r.data.tags.get("creditrl.role") == "parent"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["creditrl.driver"] == "snakemake" and parent.info.status == "FINISHED"
+    children = sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
+    expected = ["init", "evaluate[0]", "evaluate[1]", "evaluate[2]", "report"]
+    expected += [f"{s}[{i}]" for s in ("rollout", "group", "advantages", "update") for i in (1, 2)]
+    assert children == sorted(expected)
+    history = client.get_metric_history(parent.info.run_id, "eval/success_rate")
+    assert sorted(m.step for m in history) == [0, 1, 2]
+    assert parent.data.params["rollout.group_size"] == "3"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"success_curve.csv",
+                                                                          "success_curve.png"}
+
+
+def test_rerun_has_nothing_to_do(run_dir):
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n"], cwd=run_dir, capture_output=True, text=True)
+    assert r.returncode == 0 and "Nothing to be done" in (r.stdout + r.stderr)
