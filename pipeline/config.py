@@ -41,9 +41,9 @@ class PromptConfig(Section):
 
 class TinyModelConfig(Section):
     vocab_size: int = Field(768, ge=300, le=65536, description="byte-level BPE vocabulary trained on env text")
-    hidden_size: int = Field(96, ge=16, description="Llama hidden size")
-    intermediate_size: int = Field(256, ge=16, description="Llama MLP size")
-    num_hidden_layers: int = Field(3, ge=1, description="Llama layers")
+    hidden_size: int = Field(64, ge=16, description="Llama hidden size")
+    intermediate_size: int = Field(192, ge=16, description="Llama MLP size")
+    num_hidden_layers: int = Field(2, ge=1, description="Llama layers")
     num_attention_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
     tokenizer_corpus_episodes: int = Field(300, ge=10, description="random episodes rendered to train the tokenizer")
 
@@ -76,9 +76,9 @@ class WarmstartConfig(Section):
     episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
     random_action_share: float = Field(0.25, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
-    steps: int = Field(700, ge=0, description="supervised optimisation steps")
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0.0)
+    steps: int = Field(800, ge=0, description="supervised optimisation steps")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0.0)
 
 
 class RolloutConfig(Section):

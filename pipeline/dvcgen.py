@@ -30,7 +30,8 @@ def _params_entry(stage: Stage, params_file: str) -> list:
 def stage_entry(stage: Stage, params: Params, params_file: str) -> dict:
     code = CODE_DEPS + [stage.module_file(), *stage.code]
     if stage.per_iteration:
-        items = [{"it": i, "prev": i - 1} for i in stage_iterations(stage, params)]
+        # keyed by iteration, so that DVC names the stages rollout@3, evaluate@0, ...
+        items = {i: {"it": i, "prev": i - 1} for i in stage_iterations(stage, params)}
         body = {
             "cmd": stage.command("python", params_file, "${item.it}"),
             "deps": code + [strip_dir(d.replace("{it}", "${item.it}").replace("{prev}", "${item.prev}"))

@@ -20,8 +20,9 @@ def test_generated_stages_cover_registry_and_iterations():
     p = load_params(ROOT / "params.yaml")
     doc = yaml.safe_load(render(p))["stages"]
     assert list(doc) == [s.name for s in STAGES]
-    assert [x["it"] for x in doc["rollout"]["foreach"]] == list(range(1, p.loop.iterations + 1))
-    assert [x["it"] for x in doc["evaluate"]["foreach"]] == list(range(0, p.loop.iterations + 1))
+    assert list(doc["rollout"]["foreach"]) == list(range(1, p.loop.iterations + 1))
+    assert doc["rollout"]["foreach"][3] == {"it": 3, "prev": 2}
+    assert list(doc["evaluate"]["foreach"]) == list(range(0, p.loop.iterations + 1))
     assert "results/iter_${item.prev}/checkpoint" in doc["update"]["do"]["deps"]
     assert doc["advantages"]["do"]["params"] == ["credit"]
     assert len(doc["report"]["deps"]) == 2 + p.loop.iterations + 1
