@@ -1,0 +1,72 @@
+"""Policies: the tiny default's tokenizer, and any local Hugging Face folder (here a tiny Qwen2 with a chat
+template, saved on the spot, standing in for Qwen2.5-1.5B-Instruct)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from pipeline.config import Params, TinyModelConfig
+from pipeline.envs.base import make_env
+from pipeline.policy import encode_prompt, encode_response, generate, load_policy, render_prompt, train_tokenizer
+from pipeline.rollout import EpisodeSpec, play_episodes
+from pipeline.warmstart import tokenizer_corpus
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    p = Params(policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
+    return train_tokenizer(tokenizer_corpus(p, 0), 400)
+
+
+def test_grid_cells_are_single_tokens(tokenizer):
+    ids = tokenizer("_$@#\n1 2", add_special_tokens=False)["input_ids"]
+    assert [tokenizer.decode([i]) for i in ids] == ["_", "$", "@", "#", "\n", "1", " ", "2"]
+    assert encode_response(tokenizer, "<action>up</action>")[-1] == tokenizer.eos_token_id
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory, tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("qwen-like")
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    Qwen2ForCausalLM(cfg).save_pretrained(d)
+    tokenizer.chat_template = CHAT
+    tokenizer.save_pretrained(d)
+    tokenizer.chat_template = None
+    return d
+
+
+def test_local_folder_with_chat_template(qwen_folder):
+    model, tok = load_policy(qwen_folder)
+    assert model.config.model_type == "qwen2"
+    text = render_prompt(tok, "hello")
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    gens = generate(model, tok, [encode_prompt(tok, "hi"), encode_prompt(tok, "a longer prompt")], 5, 1.0, seed=1)
+    assert all(1 <= len(g.response_ids) <= 5 and len(g.logprobs) == len(g.response_ids) for g in gens)
+    again = generate(model, tok, [encode_prompt(tok, "hi"), encode_prompt(tok, "a longer prompt")], 5, 1.0, seed=1)
+    assert [g.response_ids for g in gens] == [g.response_ids for g in again]  # seeded sampling
+    p = Params()
+    steps = play_episodes(model, tok, lambda: make_env(p.env), [EpisodeSpec(7, 0, 0)], history_turns=2,
+                          max_new_tokens=4, temperature=1.0, batch_size=4, seed=0)
+    assert steps.height == p.env.max_turns or steps["terminated"].any()
+    assert steps["prompt"][0].startswith("Sokoban.")
+
+
+def test_init_stage_takes_the_given_folder(qwen_folder, tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"policy": {"path": str(qwen_folder)},
+                                                          "tracking": {"enabled": False}}))
+    r = subprocess.run([sys.executable, "-m", "stages.init", "--params", "params.yaml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model, tok = load_policy(tmp_path / "results/iter_0/checkpoint")
+    assert model.config.model_type == "qwen2" and tok.chat_template == CHAT
