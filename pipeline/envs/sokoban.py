@@ -67,11 +67,13 @@ class Room:
         return "\n".join(rows)
 
     def describe(self, state: State) -> str:
-        """One line with the objects' coordinates (row and column inside the wall ring, from 1)."""
+        """One line locating each box from the player and its nearest target from the box, as a text game would
+        ("box: up 1, left 2. target: down 1.")."""
         (pr, pc), boxes = state
-        parts = [f"you {pr} {pc}"]
-        parts += [f"box {r} {c}" for r, c in boxes]
-        parts += [f"target {r} {c}" for r, c in sorted(self.targets)]
+        parts = []
+        for br, bc in boxes:
+            tr, tc = min(self.targets, key=lambda t: abs(t[0] - br) + abs(t[1] - bc))
+            parts.append(f"box: {_offset(br - pr, bc - pc)}. target: {_offset(tr - br, tc - bc)}.")
         return " ".join(parts)
 
     def solved(self, state: State) -> bool:
@@ -102,6 +104,15 @@ class Room:
             nxt, _ = self.move(state, a)
             if nxt != state:
                 yield a, nxt
+
+
+def _offset(dr: int, dc: int) -> str:
+    words = []
+    if dr:
+        words.append(f"{'down' if dr > 0 else 'up'} {abs(dr)}")
+    if dc:
+        words.append(f"{'right' if dc > 0 else 'left'} {abs(dc)}")
+    return ", ".join(words) if words else "here"
 
 
 class Solver:
