@@ -74,7 +74,7 @@ class PolicyConfig(Section):
 
 class WarmstartConfig(Section):
     episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
-    random_action_share: float = Field(0.25, ge=0.0, le=1.0, description="share of demonstration turns labelled "
+    random_action_share: float = Field(0.5, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")
     batch_size: int = Field(32, ge=1)
@@ -100,8 +100,8 @@ class CreditConfig(Section):
 
 
 class UpdateConfig(Section):
-    lr: float = Field(2e-4, gt=0.0)
-    epochs: int = Field(1, ge=1, description="passes over the iteration's turns")
+    lr: float = Field(3e-4, gt=0.0)
+    epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
