@@ -20,6 +20,9 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     p = load_params(ROOT / "params.yaml")
     assert p.credit.method == "grpo" and p.rollout.group_size == 8 and p.env.max_turns == 15
     assert p.prompt.history_turns == 2 and p.credit.invalid_penalty == 0.1
+    # the one deliberate difference, explained in params.yaml
+    assert Params().credit.grpo.episode_stats == "per_episode" and p.credit.grpo.episode_stats == "per_turn"
+    assert p.model_copy(update={"credit": Params().credit}) == Params()
 
 
 @pytest.mark.parametrize("data, fragment", [

@@ -80,3 +80,13 @@ def test_render_round_trips_and_anchor_is_the_grid():
     assert obs.startswith(anchor + "\n") and obs.splitlines()[-1].startswith("box: ")
     room, state = parse_grid(anchor)
     assert room.render(state) == anchor and state == env.state and room.targets == env.room.targets
+
+
+@pytest.mark.parametrize("grid, line", [
+    ("____\n@$_.\n____\n____", "box: right 1. target: right 2."),
+    ("_.__\n____\n_$__\n_@__", "box: up 1. target: up 2."),
+    ("_*__\n@___\n____\n____", "box: up 1, right 1. target: here."),
+])
+def test_observation_line_locates_box_and_target(grid, line):
+    room, state = parse_grid(grid)
+    assert room.describe(state) == line
