@@ -19,7 +19,7 @@ def main(argv=None) -> None:
     ctx = parse_args("init", per_iteration=False, argv=argv)
     p = ctx.params
     out = strip_dir(STAGE_BY_NAME["init"].outs[0])
-    with stage_errors(ctx), Tracker(p, "init", 0) as tracker:
+    with stage_errors(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
             ctx.log(f"loading local model folder {p.policy.path}")
             model, tokenizer = load_policy(p.policy.path, p.policy.dtype)
