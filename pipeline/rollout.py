@@ -80,6 +80,17 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     return finish_episodes(pl.DataFrame(rows, schema_overrides={"action": pl.String, "env_error": pl.String}))
 
 
+def play_with_params(params, model, tokenizer, specs: list[EpisodeSpec], *, temperature: float, seed: int,
+                     progress: Callable[[str], None] | None = None) -> pl.DataFrame:
+    """`play_episodes` with the environment, prompt and generation settings of a `Params`."""
+    from pipeline.envs.base import make_env
+
+    return play_episodes(model, tokenizer, lambda: make_env(params.env), specs,
+                         history_turns=params.prompt.history_turns, max_new_tokens=params.policy.max_new_tokens,
+                         temperature=temperature, batch_size=params.rollout.batch_size, seed=seed,
+                         progress=progress)
+
+
 def finish_episodes(steps: pl.DataFrame) -> pl.DataFrame:
     """Add the episode-level columns: return, length and success broadcast to every turn."""
     return steps.with_columns(

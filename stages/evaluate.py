@@ -14,7 +14,7 @@ from pipeline.config import EVAL_SEED_BASE
 from pipeline.envs.base import make_env
 from pipeline.policy import load_policy
 from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
-from pipeline.rollout import EpisodeSpec, episode_summary, play_episodes
+from pipeline.rollout import EpisodeSpec, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import EVAL_EPISODES, write_table, write_text_atomic
 from pipeline.tracking import Tracker
@@ -40,10 +40,8 @@ def main(argv=None) -> None:
         model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype)
         specs = eval_specs(p)
         ctx.log(f"{len(specs)} held-out tasks, temperature {p.evaluate.temperature}")
-        steps = play_episodes(model, tokenizer, lambda: make_env(p.env), specs,
-                              history_turns=p.prompt.history_turns, max_new_tokens=p.policy.max_new_tokens,
-                              temperature=p.evaluate.temperature, batch_size=p.rollout.batch_size,
-                              seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
+        steps = play_with_params(p, model, tokenizer, specs, temperature=p.evaluate.temperature,
+                                 seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
         episodes = steps.group_by("episode_id").agg(
             pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
             pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),

@@ -10,10 +10,9 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.config import SEEDS_PER_ITERATION, TRAIN_SEED_BASE
-from pipeline.envs.base import make_env
 from pipeline.policy import load_policy
 from pipeline.registry import PREV_CHECKPOINT, STEPS
-from pipeline.rollout import EpisodeSpec, episode_summary, play_episodes
+from pipeline.rollout import EpisodeSpec, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import STEPS as STEPS_SCHEMA
 from pipeline.tables import write_table
@@ -38,10 +37,8 @@ def main(argv=None) -> None:
         model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype)
         specs = training_specs(p, it)
         ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
-        steps = play_episodes(model, tokenizer, lambda: make_env(p.env), specs,
-                              history_turns=p.prompt.history_turns, max_new_tokens=p.policy.max_new_tokens,
-                              temperature=p.rollout.temperature, batch_size=p.rollout.batch_size,
-                              seed=p.seed * 1_000_003 + it, progress=ctx.log)
+        steps = play_with_params(p, model, tokenizer, specs, temperature=p.rollout.temperature,
+                                 seed=p.seed * 1_000_003 + it, progress=ctx.log)
         steps = steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration"))
         write_table(steps, ctx.path(STEPS), STEPS_SCHEMA)
         summary = episode_summary(steps)
