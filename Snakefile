@@ -4,7 +4,7 @@
 import sys
 
 from pipeline.config import ParamsError, load_params
-from pipeline.registry import STAGES, deps_for, final_targets, params_fingerprint, strip_dir
+from pipeline.registry import deps_for, enabled_stages, final_targets, params_fingerprint, strip_dir
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -24,12 +24,12 @@ rule all:
 
 
 def _outputs(stage):
-    return [directory(strip_dir(o)) if o.endswith("/") else o for o in stage.outs]
+    return [directory(strip_dir(o)) if o.endswith("/") else o for o in stage.outs_for(P)]
 
 
 # Directives that Snakemake evaluates at job time (shell, input functions) must not read the loop variable:
 # each binds its stage through a default argument or a params value.
-for _st in STAGES:
+for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
     if _st.per_iteration:
         rule:
             name: _st.name

@@ -88,15 +88,94 @@ class RolloutConfig(Section):
     batch_size: int = Field(256, ge=1, description="episodes generated together")
 
 
+Mode = Literal["mean_std_norm", "mean_norm"]
+EpisodeStats = Literal["per_episode", "per_turn"]
+
+
 class GrpoConfig(Section):
-    mode: Literal["mean_std_norm", "mean_norm"] = "mean_std_norm"
-    episode_stats: Literal["per_episode", "per_turn"] = "per_episode"
+    """credit-assignment.md, GRPO (episode level only)."""
+    mode: Mode = "mean_std_norm"
+    episode_stats: EpisodeStats = "per_episode"
+
+
+class RlooConfig(Section):
+    """credit-assignment.md, RLOO: leave-one-out baseline over the task group's episodes; no knobs."""
+
+
+class GigpoConfig(Section):
+    """credit-assignment.md, GiGPO: episode level as GRPO plus a step level over anchor-state groups."""
+    mode: Mode = Field("mean_norm", description="normalisation of both levels")
+    episode_stats: EpisodeStats = "per_episode"
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the step-level return G_t")
+    step_advantage_w: float = Field(1.0, ge=0.0, description="weight ω of the step-level advantage")
+    similarity_threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="null: exact anchors; else greedy clustering of anchors whose "
+        "difflib ratio to a cluster's first member is at least this (0.95 in the paper)")
+
+
+class HgpoConfig(Section):
+    """credit-assignment.md, HGPO: groups keyed by the last k anchors, k = 1..depth."""
+    mode: Mode = Field("mean_std_norm", description="normalisation within each key group")
+    std: Literal["population", "unbiased"] = Field("population", description="std of mean_std_norm")
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of G_t")
+    alpha: float = Field(1.0, description="w_k ∝ (k+1)^alpha")
+    depth: int | None = Field(None, ge=1, le=21, description="deepest key K+1; null: prompt.history_turns + 1")
+    base_group: bool = Field(False, description="add the episode-level A^E as a k = 0 term of weight 1")
+    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E when base_group is on")
+    episode_stats: EpisodeStats = "per_episode"
+
+
+class OprlConfig(Section):
+    """credit-assignment.md, OPRL: implicit PRM step rewards."""
+    beta: float = Field(0.05, gt=0.0, description="β of the implicit reward")
+    score: Literal["sum", "mean"] = Field("sum", description="episode score S: sum (paper) or mean over turns")
+    score_with: Literal["before", "after"] = Field("before", description="PRM that scores the turns: as before "
+                                                   "or after this iteration's update")
+    alpha: float = Field(1.0, ge=0.0, description="weight of the step-level advantage")
+    lr: float = Field(1e-6, gt=0.0, description="PRM AdamW learning rate")
+    steps: int = Field(1, ge=0, description="PRM optimiser steps per iteration")
+    grad_clip: float = Field(10.0, gt=0.0)
+    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
+    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E")
+    episode_stats: EpisodeStats = "per_episode"
+
+
+class SpaConfig(Section):
+    """credit-assignment.md, SPA: a progress estimator whose turn contributions sum to the outcome."""
+    progress_w: float = Field(1.0, ge=0.0)
+    grounding_w: float = Field(0.5, ge=0.0)
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the SPA step return")
+    step_advantage_w: float = Field(1.0, ge=0.0, description="weight ω of the step-level advantage")
+    replay_iterations: int = Field(3, ge=1, description="recent iterations the estimator trains on")
+    lr: float = Field(1e-3, gt=0.0, description="estimator AdamW learning rate")
+    epochs: int = Field(2, ge=0, description="passes over the replay per iteration")
+    episodes_per_batch: int = Field(16, ge=1, description="episodes per optimiser step")
+    grad_clip: float = Field(1.0, gt=0.0)
+    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
+    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E")
+    episode_stats: EpisodeStats = "per_episode"
+
+
+METHODS = ("grpo", "rloo", "gigpo", "hgpo", "oprl", "spa")
+FIT_METHODS = ("oprl", "spa")  # methods with a learned step-reward model (the fit stage)
 
 
 class CreditConfig(Section):
-    method: Literal["grpo"] = Field("grpo", description="advantage estimator (credit-assignment.md)")
+    method: Literal["grpo", "rloo", "gigpo", "hgpo", "oprl", "spa"] = Field(
+        "grpo", description="advantage estimator (credit-assignment.md)")
     invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's scores")
     grpo: GrpoConfig = GrpoConfig()
+    rloo: RlooConfig = RlooConfig()
+    gigpo: GigpoConfig = GigpoConfig()
+    hgpo: HgpoConfig = HgpoConfig()
+    oprl: OprlConfig = OprlConfig()
+    spa: SpaConfig = SpaConfig()
+
+    @property
+    def needs_fit(self) -> bool:
+        return self.method in FIT_METHODS
 
 
 class UpdateConfig(Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.config import Params
@@ -19,6 +20,11 @@ CHECKPOINT = ITER_DIR + "/checkpoint/"
 PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
 STEPS = ITER_DIR + "/steps.parquet"
 GROUPS = ITER_DIR + "/groups.parquet"
+REWARD_MODEL = ITER_DIR + "/reward_model/"          # OPRL's implicit PRM or SPA's progress estimator
+PREV_REWARD_MODEL = "results/iter_{prev}/reward_model/"
+STEP_REWARDS = ITER_DIR + "/step_rewards.parquet"
+REPLAY = ITER_DIR + "/replay.parquet"               # SPA's training window after iteration i
+PREV_REPLAY = "results/iter_{prev}/replay.parquet"
 ADVANTAGES = ITER_DIR + "/advantages.parquet"
 EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
@@ -27,19 +33,46 @@ REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
 
 
 @dataclass(frozen=True)
+class When:
+    """A dependency, output or params key that exists only for some params (e.g. only for SPA)."""
+    item: str
+    cond: Callable[[Params], bool]
+
+
+def needs_fit(p: Params) -> bool:
+    return p.credit.needs_fit
+
+
+def method_is(name: str) -> Callable[[Params], bool]:
+    return lambda p: p.credit.method == name
+
+
+Entry = str | When
+
+
+def resolve(entries: tuple[Entry, ...], params: Params) -> list[str]:
+    return [e.item if isinstance(e, When) else e for e in entries
+            if not isinstance(e, When) or e.cond(params)]
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     first: int | None          # first iteration it runs for; None: runs once, not per iteration
-    deps: tuple[str, ...]      # templates over {it} / {prev}
-    outs: tuple[str, ...]
-    params: tuple[str, ...]    # params.yaml sections or dotted keys whose change reruns it
+    deps: tuple[Entry, ...]    # templates over {it} / {prev}
+    outs: tuple[Entry, ...]
+    params: tuple[Entry, ...]  # params.yaml sections or dotted keys whose change reruns it
     deps_all: tuple[str, ...] = ()  # templates expanded over every iteration 0..N
     threads: int = 1
     code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
+    enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
 
     @property
     def per_iteration(self) -> bool:
         return self.first is not None
+
+    def is_enabled(self, params: Params) -> bool:
+        return self.enabled is None or self.enabled(params)
 
     def module_file(self) -> str:
         return f"stages/{self.name}.py"
@@ -48,14 +81,32 @@ class Stage:
         cmd = f"{python} -m stages.{self.name} --params {params_file}"
         return cmd if it is None else f"{cmd} --iteration {it}"
 
+    def outs_for(self, params: Params) -> list[str]:
+        return resolve(self.outs, params)
+
+    def params_for(self, params: Params) -> list[str]:
+        return resolve(self.params, params)
+
+
+_spa = method_is("spa")
+_method_section = tuple(When(f"credit.{m}", method_is(m)) for m in ("oprl", "spa"))
 
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(), outs=("results/iter_0/checkpoint/",),
           params=("seed", "env", "prompt", "policy", "warmstart"), threads=2),
+    # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
+    # body with a fresh scalar head (SPA), and SPA's empty replay.
+    Stage("reward_init", None, deps=("results/iter_0/checkpoint/",),
+          outs=("results/iter_0/reward_model/", When("results/iter_0/replay.parquet", _spa)),
+          params=("seed", "credit.method"), enabled=needs_fit),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout")),
-    Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=()),
-    Stage("advantages", 1, deps=(STEPS, GROUPS), outs=(ADVANTAGES,), params=("credit",)),
+    Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),
+    Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, PREV_REWARD_MODEL, When(PREV_REPLAY, _spa)),
+          outs=(REWARD_MODEL, STEP_REWARDS, When(REPLAY, _spa)),
+          params=("seed", "credit.method", *_method_section), enabled=needs_fit),
+    Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
+          params=("credit",)),
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update")),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
@@ -64,6 +115,10 @@ STAGES: tuple[Stage, ...] = (
 )
 
 STAGE_BY_NAME = {s.name: s for s in STAGES}
+
+
+def enabled_stages(params: Params) -> list[Stage]:
+    return [s for s in STAGES if s.is_enabled(params)]
 
 
 def fill(template: str, it: int) -> str:
@@ -91,12 +146,13 @@ def param_value(params: Params, key: str):
 
 def params_fingerprint(stage: Stage, params: Params) -> str:
     """A hash of the params this stage depends on (Snakemake reruns the stage when it changes)."""
-    blob = json.dumps({k: param_value(params, k) for k in stage.params}, sort_keys=True, default=str)
+    blob = json.dumps({k: param_value(params, k) for k in stage.params_for(params)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
-    out = [strip_dir(fill(d, it)) for d in stage.deps] if it is not None else [strip_dir(d) for d in stage.deps]
+    deps = resolve(stage.deps, params)
+    out = [strip_dir(fill(d, it)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
         out.extend(strip_dir(fill(t, i)) for i in iterations(params))
     return out

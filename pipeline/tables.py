@@ -47,13 +47,30 @@ GROUPS = pa.schema([
     ("anchor_hash", pa.uint64()),     # xxh3-64 of the anchor string
     ("step_group", pa.int64()),       # dense id of (task_group, anchor)
     ("step_group_size", pa.int32()),
+    ("history_groups", pa.list_(pa.int64())),  # HGPO: id of (task_group, last k anchors) for k = 1..depth
+])
+
+STEP_REWARDS = pa.schema([            # the fit stage's learned per-turn scores (OPRL, SPA)
+    ("episode_id", pa.int64()),
+    ("step", pa.int32()),
+    ("score", pa.float64()),          # OPRL: implicit reward r_phi(t) (beta included); SPA: contribution c_t
+])
+
+REPLAY = pa.schema([                  # SPA's training window: the turns of recent iterations
+    ("iteration", pa.int32()),
+    ("episode_id", pa.int64()),
+    ("step", pa.int32()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("outcome", pa.float64()),        # R_final: success (the task score where the environment has one)
 ])
 
 ADVANTAGES = pa.schema([
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
-    ("episode_advantage", pa.float64()),
-    ("step_advantage", pa.float64()),
+    ("episode_advantage", pa.float64()),  # A^E (penalty included)
+    ("step_score", pa.float64()),         # the value the step level normalises (G_t, r_phi, G^SPA); null if none
+    ("step_advantage", pa.float64()),     # weighted step-level term
     ("advantage", pa.float64()),
 ])
 
@@ -90,6 +107,11 @@ def write_table(df: pl.DataFrame, path: str | Path, schema: pa.Schema) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def empty_table(schema: pa.Schema) -> pl.DataFrame:
+    """A frame with `schema`'s columns and no rows."""
+    return pl.from_arrow(schema.empty_table())
 
 
 def read_table(path: str | Path, schema: pa.Schema) -> pl.DataFrame:

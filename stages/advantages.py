@@ -5,10 +5,12 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.credit import compute_advantages
-from pipeline.registry import ADVANTAGES, GROUPS, STEPS
+from pipeline.grouping import hgpo_depth
+from pipeline.registry import ADVANTAGES, GROUPS, STEP_REWARDS, STEPS
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import ADVANTAGES as ADV_SCHEMA
 from pipeline.tables import GROUPS as GROUPS_SCHEMA
+from pipeline.tables import STEP_REWARDS as STEP_REWARDS_SCHEMA
 from pipeline.tables import STEPS as STEPS_SCHEMA
 from pipeline.tables import read_table, write_table
 from pipeline.tracking import Tracker
@@ -28,6 +30,18 @@ def main(argv=None) -> None:
         if table.height != steps.height:
             raise ValueError(f"{ctx.path(GROUPS)} covers {table.height} of the {steps.height} turns of "
                              f"{ctx.path(STEPS)}; rerun the group stage")
+        if p.credit.method == "hgpo" and table.height:
+            have, want = table["history_groups"].list.len().min(), hgpo_depth(p)
+            if have != want:
+                raise ValueError(f"{ctx.path(GROUPS)}: history_groups hold {have} depths, credit.hgpo expects "
+                                 f"{want}; rerun the group stage")
+        if p.credit.needs_fit:
+            rewards = read_table(ctx.path(STEP_REWARDS), STEP_REWARDS_SCHEMA)
+            n = table.height
+            table = table.join(rewards, on=["episode_id", "step"], how="inner", validate="1:1")
+            if table.height != n:
+                raise ValueError(f"{ctx.path(STEP_REWARDS)} covers {table.height} of the {n} turns of "
+                                 f"{ctx.path(STEPS)}; rerun the fit stage")
         adv = compute_advantages(table, p.credit)
         bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
             ~pl.col("advantage").is_finite())

@@ -6,7 +6,7 @@ import yaml
 
 from pipeline.config import load_params
 from pipeline.dvcgen import render
-from pipeline.registry import STAGES
+from pipeline.registry import STAGES, enabled_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,10 +19,28 @@ def test_committed_dvc_yaml_matches_generator():
 def test_generated_stages_cover_registry_and_iterations():
     p = load_params(ROOT / "params.yaml")
     doc = yaml.safe_load(render(p))["stages"]
-    assert list(doc) == [s.name for s in STAGES]
+    assert list(doc) == [s.name for s in enabled_stages(p)]
     assert list(doc["rollout"]["foreach"]) == list(range(1, p.loop.iterations + 1))
     assert doc["rollout"]["foreach"][3] == {"it": 3, "prev": 2}
     assert list(doc["evaluate"]["foreach"]) == list(range(0, p.loop.iterations + 1))
     assert "results/iter_${item.prev}/checkpoint" in doc["update"]["do"]["deps"]
     assert doc["advantages"]["do"]["params"] == ["credit"]
     assert len(doc["report"]["deps"]) == 2 + p.loop.iterations + 1
+
+
+def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
+    base = load_params(ROOT / "params.yaml")
+    for method, fit in (("grpo", False), ("gigpo", False), ("hgpo", False), ("rloo", False), ("oprl", True),
+                        ("spa", True)):
+        p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": method})})
+        doc = yaml.safe_load(render(p))["stages"]
+        assert ("fit" in doc) is fit and ("reward_init" in doc) is fit, method
+        adv_deps = doc["advantages"]["do"]["deps"]
+        assert ("results/iter_${item.it}/step_rewards.parquet" in adv_deps) is fit, method
+        if fit:
+            fit_deps, fit_outs = doc["fit"]["do"]["deps"], doc["fit"]["do"]["outs"]
+            assert "results/iter_${item.prev}/reward_model" in fit_deps
+            assert ("results/iter_${item.prev}/replay.parquet" in fit_deps) is (method == "spa")
+            assert ("results/iter_${item.it}/replay.parquet" in fit_outs) is (method == "spa")
+            assert doc["fit"]["do"]["params"] == ["seed", "credit.method", f"credit.{method}"]
+    assert {s.name for s in STAGES} >= {"fit", "reward_init"}

@@ -9,7 +9,7 @@ from pipeline.tables import GROUPS, TableError, atomic_dir, read_table, write_ta
 
 def groups_frame():
     return pl.DataFrame({"episode_id": [1, 1], "step": [0, 1], "task_group": [7, 7], "anchor_hash": [5, 6],
-                         "step_group": [0, 1], "step_group_size": [1, 1]})
+                         "step_group": [0, 1], "step_group_size": [1, 1], "history_groups": [[0], [1]]})
 
 
 def test_round_trip_casts_to_schema(tmp_path):
