@@ -211,7 +211,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             loss.backward()
             torch.nn.utils.clip_grad_norm_(est.parameters(), cfg.grad_clip)
             optimizer.step()
-            batch_losses.append(float(loss))
+            batch_losses.append(float(loss.detach()))
             weights.append(len(eps))
             step += 1
             if progress is not None and (step % 10 == 0 or step == steps_total):

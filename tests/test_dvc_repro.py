@@ -67,3 +67,16 @@ def test_changing_the_credit_section_reuses_the_rollout(repo):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     status = sh([BIN / "dvc", "status"], repo)
     assert "advantages@1" in status and "rollout@1" not in status and "init" not in status
+
+
+def test_switching_to_a_fitted_method_plans_its_stages_and_reuses_the_rollout(repo):
+    """Issue 3, point 4 through DVC: the fit stages enter dvc.yaml (regenerated from the registry) and only what
+    depends on the method is out of date."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["credit"]["method"] = "oprl"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    sh([sys.executable, "-m", "pipeline.dvcgen"], repo)
+    status = sh([BIN / "dvc", "status"], repo)
+    stale = {line.strip().rstrip(":") for line in status.splitlines() if line and not line.startswith((" ", "\t"))}
+    assert {"reward_init", "fit@1", "advantages@1"} <= stale
+    assert not stale & {"init", "rollout@1", "group@1", "evaluate@0"}

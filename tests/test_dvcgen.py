@@ -44,3 +44,19 @@ def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
             assert ("results/iter_${item.it}/replay.parquet" in fit_outs) is (method == "spa")
             assert doc["fit"]["do"]["params"] == ["seed", "credit.method", f"credit.{method}"]
     assert {s.name for s in STAGES} >= {"fit", "reward_init"}
+
+
+def test_params_yaml_spells_out_every_key_a_dvc_stage_reads():
+    """DVC looks each stage's params keys up in params.yaml itself, so none may be left to the schema defaults."""
+    from pipeline.config import METHODS
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    base = load_params(ROOT / "params.yaml")
+    for method in METHODS:
+        p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": method})})
+        for stage in enabled_stages(p):
+            for key in stage.params_for(p):
+                node = raw
+                for part in key.split("."):
+                    assert isinstance(node, dict) and part in node, f"params.yaml lacks {key} ({stage.name})"
+                    node = node[part]

@@ -1,30 +1,18 @@
 """End to end: the real Snakefile on a tiny configuration, 2 iterations (issue 2, points 6-9 and 11)."""
 
 import json
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import polars as pl
 import pytest
 
 from pipeline import tables
-
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+from tests.conftest import SNAKEMAKE
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("e2e")
-    shutil.copy(ROOT / "Snakefile", d / "Snakefile")
-    shutil.copy(ROOT / "tests" / "tiny_params.yaml", d / "params.yaml")
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((d / "results/logs").glob("*.log")))
-        pytest.fail(f"snakemake failed:\n{r.stderr[-4000:]}\n{logs}")
-    return d
+def run_dir(grpo_run):
+    return grpo_run
 
 
 pytestmark = pytest.mark.e2e

@@ -1,0 +1,105 @@
+"""Every credit method end to end on the tiny configuration, 2 iterations (issue 3, points 4 and 6).
+
+Each method starts from a copy of the GRPO run (shared fixture) with only `credit.method` changed, so the test also
+shows what reruns: Snakemake's dry run must plan the method's stages and everything downstream of the advantages,
+and never the initial policy or iteration 1's rollout and groups. The five runs then execute concurrently.
+"""
+
+import re
+import shutil
+import subprocess
+
+import polars as pl
+import pytest
+import yaml
+
+from pipeline import tables
+from tests.conftest import SNAKEMAKE, snakemake_failure
+
+pytestmark = pytest.mark.e2e
+
+METHODS = ("rloo", "gigpo", "hgpo", "oprl", "spa")
+JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
+
+
+def planned_jobs(d) -> set[str]:
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p"], cwd=d, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {name if it is None or it == "" else f"{name}@{it}" for name, it in JOB.findall(r.stdout + r.stderr)}
+
+
+@pytest.fixture(scope="module")
+def method_runs(grpo_run, tmp_path_factory):
+    dirs, plans = {}, {}
+    for m in METHODS:
+        d = tmp_path_factory.mktemp(f"method_{m}")
+        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+        params = yaml.safe_load((d / "params.yaml").read_text())
+        params["credit"] = {"method": m}
+        params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
+        (d / "params.yaml").write_text(yaml.safe_dump(params))
+        plans[m] = planned_jobs(d)
+        dirs[m] = d
+    procs = {m: subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for m, d in dirs.items()}
+    for m, p in procs.items():
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    return dirs, plans
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_only_what_depends_on_the_method_reruns(method_runs, method):
+    plan = method_runs[1][method]
+    downstream = {"advantages@1", "update@1", "evaluate@1", "rollout@2", "group@2", "advantages@2", "update@2",
+                  "evaluate@2", "report"}
+    fit = {"reward_init", "fit@1", "fit@2"} if method in ("oprl", "spa") else set()
+    assert plan == downstream | fit
+    assert not plan & {"init", "rollout@1", "group@1", "evaluate@0"}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_runs_end_to_end(method_runs, method):
+    d = method_runs[0][method]
+    for it in (1, 2):
+        steps = tables.read_table(d / f"results/iter_{it}/steps.parquet", tables.STEPS)
+        adv = tables.read_table(d / f"results/iter_{it}/advantages.parquet", tables.ADVANTAGES)
+        assert adv.height == steps.height and adv["advantage"].is_finite().all()
+        assert (adv["advantage"] - adv["episode_advantage"] - adv["step_advantage"]).abs().max() < 1e-12
+        if method == "rloo":
+            assert adv["step_score"].null_count() == adv.height
+        else:
+            assert adv["step_score"].null_count() == 0
+        assert (d / f"results/iter_{it}/checkpoint/model.safetensors").is_file()
+        assert (d / f"results/iter_{it}/eval_metrics.json").is_file()
+        fit_out = d / f"results/iter_{it}/step_rewards.parquet"
+        assert fit_out.is_file() is (method in ("oprl", "spa"))
+    assert pl.read_csv(d / "results/report/success_curve.csv")["iteration"].to_list() == [0, 1, 2]
+    assert not list(d.glob("results/**/.*.tmp-*"))
+
+
+def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
+    """At iteration 1 the PRM is a copy of the initial policy, which also played the rollouts (spec, OPRL)."""
+    d = method_runs[0]["oprl"]
+    r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
+    assert r1.height > 0 and (r1["score"] == 0.0).all()
+    r2 = tables.read_table(d / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
+    assert (r2["score"] != 0.0).any()  # the policy has moved since: log pi_phi - log pi_old is no longer 0
+    assert (d / "results/iter_2/reward_model/optimizer.pt").is_file()
+
+
+def test_spa_replay_keeps_recent_iterations(method_runs):
+    d = method_runs[0]["spa"]
+    replay = tables.read_table(d / "results/iter_2/replay.parquet", tables.REPLAY)
+    steps1 = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    steps2 = tables.read_table(d / "results/iter_2/steps.parquet", tables.STEPS)
+    assert sorted(replay["iteration"].unique().to_list()) == [1, 2]       # window of 3 holds both
+    assert replay.height == steps1.height + steps2.height
+    assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
+
+
+def test_hgpo_keys_have_history_depth(method_runs):
+    d = method_runs[0]["hgpo"]
+    groups = tables.read_table(d / "results/iter_1/groups.parquet", tables.GROUPS)
+    assert (groups["history_groups"].list.len() == 3).all()  # prompt.history_turns 2 -> K + 1 = 3
