@@ -77,6 +77,8 @@ class WarmstartConfig(Section):
     random_action_share: float = Field(0.5, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")
+    clean_steps: int = Field(0, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
+                             "the remaining steps use the mixed labels (the policy's noise)")
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0.0)
 

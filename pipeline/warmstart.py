@@ -4,6 +4,14 @@ Demonstrations come from the exact solver: each turn is labelled with an optimal
 `random_action_share` labelled with a uniformly random action (so the warm-started policy is a mixture of
 optimal and random play, and RL has room to improve). The labelled action is also the one executed, so the
 prompt history matches what happened.
+
+Training can have two phases. The first `clean_steps` steps see the same prompts labelled with an optimal action
+only; the rest use the executed (mixed) labels, which calibrate the sampling distribution to the mixture. The
+idea: with half the labels random the tiny model stays near the marginal action distribution (greedy play is worse
+than sampling), and clean labels should teach it the state-to-action mapping first. Measured on 128 held-out tasks
+(default params otherwise): no clean phase, success 0.156 sampled and 0.094 greedy; 400 clean of 800 steps, 0.227
+and 0.125; 1100 clean of 1400 steps at lr 3e-3, 0.234 and 0.133. The clean-phase loss stalls near 0.49 per
+response token either way. The default stays 0 until a phase that teaches the mapping is found.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from pipeline.policy import encode_prompt, encode_response, pad_batch
 from pipeline.prompting import build_prompt, format_action
 
 
-def demonstrations(params: Params, episodes: int, random_share: float, seed: int) -> list[tuple[str, str]]:
-    """(prompt text, response text) pairs from solver-guided play on warm-start seeds."""
+def demonstrations(params: Params, episodes: int, random_share: float, seed: int) -> list[tuple[str, str, str | None]]:
+    """(prompt, executed response, an optimal response or None in a dead state) from solver-guided play on
+    warm-start seeds."""
     rng = random.Random(seed)
     env = make_env(params.env)
     pairs = []
@@ -37,7 +46,7 @@ def demonstrations(params: Params, episodes: int, random_share: float, seed: int
                 action = rng.choice(env.actions)
             prompt = build_prompt(env.task_description(), history, obs, env.actions, params.prompt.history_turns)
             response = format_action(action)
-            pairs.append((prompt, response))
+            pairs.append((prompt, response, format_action(rng.choice(best)) if best else None))
             res = env.step(response)
             history.append((obs, res.action))
             obs = res.observation
@@ -48,22 +57,28 @@ def demonstrations(params: Params, episodes: int, random_share: float, seed: int
 
 def tokenizer_corpus(params: Params, seed: int) -> list[str]:
     pairs = demonstrations(params, params.policy.tiny.tokenizer_corpus_episodes, 0.5, seed + 7919)
-    return [p for p, _ in pairs] + [r for _, r in pairs]
+    return [p for p, _, _ in pairs] + [r for _, r, _ in pairs]
 
 
-def supervised_warmstart(model, tokenizer, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
-                         seed: int, progress: Callable[[str], None] | None = None) -> list[float]:
-    """Cross-entropy on the response tokens (EOS included); returns the loss of every step."""
-    if steps == 0 or not pairs:
+def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
+                         lr: float, seed: int, clean_steps: int = 0,
+                         progress: Callable[[str], None] | None = None) -> list[float]:
+    """Cross-entropy on the response tokens (EOS included): the first `clean_steps` steps on the optimal labels,
+    the rest on the executed (mixed) ones. Returns the loss of every step."""
+    if steps == 0 or not demos:
         return []
     gen = torch.Generator().manual_seed(seed)
-    encoded = [(encode_prompt(tokenizer, p), encode_response(tokenizer, r)) for p, r in pairs]
+    prompts = {p: encode_prompt(tokenizer, p) for p, _, _ in demos}
+    responses = {r: encode_response(tokenizer, r) for _, r, o in demos for r in (r, o) if r is not None}
+    mixed = [(prompts[p], responses[r]) for p, r, _ in demos]
+    clean = [(prompts[p], responses[o]) for p, _, o in demos if o is not None] or mixed
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     model.train()
     losses = []
     started = time.perf_counter()
     for step in range(steps):
+        encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
         ids, attn, resp = pad_batch([encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
                                     tokenizer.pad_token_id)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import polars as pl
 import torch
 
@@ -42,78 +41,41 @@ def _optimizer(model, prev_dir, lr: float):
 
 
 def fit_oprl(ctx, steps: pl.DataFrame, tracker) -> pl.DataFrame:
+    from pipeline.fitting import oprl_iteration
     from pipeline.policy import load_policy
-    from pipeline.reward_models import prm_update, turn_logprob_sums
 
     p, cfg = ctx.params, ctx.params.credit.oprl
     old_model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype)
     prm_dir = ctx.path(PREV_REWARD_MODEL)
     prm, _ = load_policy(prm_dir, p.policy.dtype)
-    prompts, responses = steps["prompt_ids"].to_list(), steps["response_ids"].to_list()
-    pad = tokenizer.pad_token_id
-    ctx.log(f"scoring {len(prompts)} turns with the rollout policy and the PRM of iteration {ctx.iteration - 1}")
-    old_sums = turn_logprob_sums(old_model, prompts, responses, pad, cfg.batch_size)
-    engine = np.array([float(np.sum(x)) for x in steps["response_logprobs"].to_list()])
-    del old_model
-    before = cfg.beta * (turn_logprob_sums(prm, prompts, responses, pad, cfg.batch_size) - old_sums)
-    episodes = steps.group_by("episode_id", maintain_order=True).agg(
-        pl.col("task_group").first(), pl.col("success").first())
-    ep_index = {e: i for i, e in enumerate(episodes["episode_id"].to_list())}
-    turn_episode = np.array([ep_index[e] for e in steps["episode_id"].to_list()], dtype=np.int64)
+    ctx.log(f"scoring {steps.height} turns with the rollout policy and the PRM of iteration {ctx.iteration - 1}")
     optimizer = _optimizer(prm, prm_dir, cfg.lr)
-    stats = prm_update(prm, optimizer, prompts, responses, old_sums, turn_episode,
-                       episodes["task_group"].to_numpy(), episodes["success"].to_numpy(), cfg, pad, ctx.log)
-    scores = before
-    if cfg.score_with == "after":
-        scores = cfg.beta * (turn_logprob_sums(prm, prompts, responses, pad, cfg.batch_size) - old_sums)
+    scores, stats = oprl_iteration(prm, old_model, optimizer, steps, cfg, tokenizer.pad_token_id, ctx.log)
     out = ctx.path(REWARD_MODEL)
     with atomic_dir(out) as tmp:
         prm.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
     ctx.log(f"wrote {out}")
-    stats.update({"logprob_mismatch_abs_mean": float(np.abs(engine - old_sums).mean()) if len(engine) else 0.0,
-                  "score_abs_mean": float(np.abs(scores).mean()) if len(scores) else 0.0})
     tracker.log_metrics({f"fit/{k}": v for k, v in stats.items()}, step=ctx.iteration, parent=True)
     return steps.select("episode_id", "step").with_columns(pl.Series("score", scores, dtype=pl.Float64))
 
 
 def fit_spa(ctx, steps: pl.DataFrame, tracker) -> pl.DataFrame:
-    from pipeline.reward_models import ProgressEstimator, spa_loss, train_progress
+    from transformers import AutoTokenizer
+
+    from pipeline.fitting import spa_iteration
+    from pipeline.reward_models import ProgressEstimator
 
     p, cfg, it = ctx.params, ctx.params.credit.spa, ctx.iteration
     prev_dir = ctx.path(PREV_REWARD_MODEL)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(prev_dir, local_files_only=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     est = ProgressEstimator.load(prev_dir, p.policy.dtype)
     replay = read_table(ctx.path(PREV_REPLAY), REPLAY_SCHEMA)
-    current = steps.select(
-        pl.col("iteration"), "episode_id", "step", "prompt_ids", "response_ids",
-        pl.col("success").cast(pl.Float64).alias("outcome"))
-    replay = pl.concat([replay.filter(pl.col("iteration") > it - cfg.replay_iterations),
-                        current.filter(pl.col("iteration") > it - cfg.replay_iterations)]).sort("episode_id", "step")
-    ep_ids = replay["episode_id"].unique(maintain_order=True).to_list()
-    ep_index = {e: i for i, e in enumerate(ep_ids)}
-    turn_episode = np.array([ep_index[e] for e in replay["episode_id"].to_list()], dtype=np.int64)
-    outcome = replay.group_by("episode_id", maintain_order=True).agg(pl.col("outcome").first())["outcome"].to_numpy()
-    ctx.log(f"training the progress estimator on {len(ep_ids)} episodes ({replay.height} turns) of iterations "
-            f"{replay['iteration'].min()}..{replay['iteration'].max()}")
     optimizer = _optimizer(est, prev_dir, cfg.lr)
-    stats = train_progress(est, optimizer, replay["prompt_ids"].to_list(), replay["response_ids"].to_list(),
-                           turn_episode, outcome, cfg, pad, seed=p.seed * 7919 + 17 * it, progress=ctx.log)
-    prompts, responses = steps["prompt_ids"].to_list(), steps["response_ids"].to_list()
-    c = est.contributions(prompts, responses, pad, cfg.batch_size).double()
-    if not torch.isfinite(c).all():
-        raise ValueError(f"iteration {it}: the progress estimator gave non-finite contributions")
-    cur_eps = steps["episode_id"].unique(maintain_order=True).to_list()
-    cur_index = {e: i for i, e in enumerate(cur_eps)}
-    te = torch.tensor([cur_index[e] for e in steps["episode_id"].to_list()], dtype=torch.long)
-    cur_outcome = torch.tensor(steps.group_by("episode_id", maintain_order=True).agg(
-        pl.col("success").first())["success"].cast(pl.Float64).to_numpy())
-    stats["estimator_loss_current"] = float(spa_loss(c, te, cur_outcome)) if len(cur_eps) else 0.0
-    stats["score_abs_mean"] = float(c.abs().mean()) if len(c) else 0.0
+    scores, replay, stats = spa_iteration(est, optimizer, replay, steps, it, cfg, pad,
+                                          seed=p.seed * 7919 + 17 * it, log=ctx.log)
     out = ctx.path(REWARD_MODEL)
     with atomic_dir(out) as tmp:
         est.save(tmp)
@@ -122,7 +84,7 @@ def fit_spa(ctx, steps: pl.DataFrame, tracker) -> pl.DataFrame:
     write_table(replay, ctx.path(REPLAY), REPLAY_SCHEMA)
     ctx.log(f"wrote {out} and {ctx.path(REPLAY)}")
     tracker.log_metrics({f"fit/{k}": v for k, v in stats.items() if math.isfinite(v)}, step=it, parent=True)
-    return steps.select("episode_id", "step").with_columns(pl.Series("score", c.numpy(), dtype=pl.Float64))
+    return steps.select("episode_id", "step").with_columns(pl.Series("score", scores, dtype=pl.Float64))
 
 
 def main(argv=None) -> None:

@@ -33,7 +33,8 @@ def main(argv=None) -> None:
             pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed)
             ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
             losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,
-                                          p.warmstart.lr, p.seed, progress=ctx.log)
+                                          p.warmstart.lr, p.seed, clean_steps=p.warmstart.clean_steps,
+                                          progress=ctx.log)
             metrics = {"parameters": float(n_params), "demonstration_turns": float(len(pairs))}
             if losses:
                 metrics["warmstart_final_loss"] = sum(losses[-20:]) / len(losses[-20:])
