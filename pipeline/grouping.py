@@ -16,20 +16,32 @@ class AnchorCollisionError(ValueError):
     pass
 
 
+def _check_collisions(uniq: list[str], hashes: np.ndarray) -> None:
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if len(same):
+        i, j = order[same[0]], order[same[0] + 1]
+        raise AnchorCollisionError(
+            f"xxh3-64 collision: anchors {uniq[i]!r} and {uniq[j]!r} share hash {int(hashes[i])}; "
+            "different states must not be merged")
+
+
+def anchor_codes(anchors: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each row's anchor, xxh3-64 of each distinct anchor); raises on a hash collision.
+
+    Codes index the sorted distinct strings, so equal strings share a code and each string is hashed once.
+    """
+    codes = (anchors.rank("dense").cast(pl.Int64) - 1).to_numpy()
+    uniq = anchors.unique().sort().to_list()
+    hashes = np.fromiter((xxhash.xxh3_64_intdigest(a.encode()) for a in uniq), dtype=np.uint64, count=len(uniq))
+    _check_collisions(uniq, hashes)
+    return codes, hashes
+
+
 def anchor_hashes(anchors: pl.Series) -> pl.Series:
     """xxh3-64 of each anchor, hashing each distinct string once; raises on a collision."""
-    uniq = anchors.unique()
-    table = pl.DataFrame({
-        "anchor": uniq,
-        "anchor_hash": pl.Series([xxhash.xxh3_64_intdigest(a.encode()) for a in uniq.to_list()], dtype=pl.UInt64),
-    })
-    clash = table.group_by("anchor_hash").agg(pl.col("anchor")).filter(pl.col("anchor").list.len() > 1)
-    if clash.height:
-        row = clash.row(0, named=True)
-        raise AnchorCollisionError(
-            f"xxh3-64 collision: anchors {row['anchor'][:2]!r} share hash {row['anchor_hash']}; "
-            "different states must not be merged")
-    return anchors.to_frame("anchor").join(table, on="anchor", how="left", maintain_order="left")["anchor_hash"]
+    codes, hashes = anchor_codes(anchors)
+    return pl.Series("anchor_hash", hashes[codes] if len(codes) else np.zeros(0, np.uint64), dtype=pl.UInt64)
 
 
 def hgpo_depth(params) -> int:
@@ -37,7 +49,8 @@ def hgpo_depth(params) -> int:
     return params.credit.hgpo.depth or params.prompt.history_turns + 1
 
 
-PAD_HASH = 0  # stands for "before the episode's first turn" in HGPO keys
+def _dense(keys: np.ndarray) -> np.ndarray:
+    return np.unique(keys, return_inverse=True)[1].astype(np.int64)
 
 
 def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
@@ -46,21 +59,35 @@ def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
     `step_group` is the dense id of (task_group, anchor) (credit-assignment.md, GiGPO, step level).
     `history_groups[k-1]` is the dense id of (task_group, s_{t-k+1}, ..., s_t) for k = 1..depth (HGPO); turns
     with fewer than k anchors behind them pad the missing ones with a "before the start" marker, so that the
-    first turns of a task group's episodes share their keys at every depth.
+    first turns of a task group's episodes share their keys at every depth. Vectorised: anchors become integer
+    codes once, and each deeper key is the dense id of (the key one level up, the anchor one turn earlier).
     """
     if depth < 1:
         raise ValueError(f"HGPO depth must be at least 1, got {depth}")
     df = steps.select("episode_id", "step", "task_group", "anchor").sort("episode_id", "step")
-    df = df.with_columns(anchor_hashes(df["anchor"]).alias("anchor_hash"))
-    df = df.with_columns(
-        pl.struct("task_group", "anchor_hash").rank("dense").cast(pl.Int64).sub(1).alias("step_group"))
-    lagged = [f"_h{j}" for j in range(depth)]
-    df = df.with_columns(
-        pl.col("anchor_hash").shift(j).over("episode_id").fill_null(PAD_HASH).alias(f"_h{j}") for j in range(depth))
-    keys = [pl.struct("task_group", *lagged[:k]).rank("dense").cast(pl.Int64).sub(1) for k in range(1, depth + 1)]
-    df = df.with_columns(pl.concat_list(keys).alias("history_groups")).drop(lagged)
-    return df.with_columns(pl.len().over("step_group").cast(pl.Int32).alias("step_group_size")).select(
-        "episode_id", "step", "task_group", "anchor_hash", "step_group", "step_group_size", "history_groups")
+    n = df.height
+    codes, hashes = anchor_codes(df["anchor"])
+    n_codes = len(hashes) + 1                       # the last code stands for "before the start"
+    task = _dense(df["task_group"].to_numpy())
+    key = _dense(task * n_codes + codes) if n else np.zeros(0, np.int64)
+    ep = df["episode_id"].to_numpy()
+    first = np.r_[True, ep[1:] != ep[:-1]] if n else np.zeros(0, bool)
+    keys = [key]
+    lagged = codes                                  # lag j: the anchor code j turns earlier, or the padding
+    for _ in range(1, depth):
+        prev = np.empty_like(lagged)
+        prev[1:] = lagged[:-1]
+        prev[first] = n_codes - 1
+        lagged = prev
+        keys.append(_dense(keys[-1] * n_codes + lagged))
+    history = np.stack(keys, axis=1) if n else np.zeros((0, depth), np.int64)
+    sizes = np.bincount(key)[key] if n else np.zeros(0, np.int64)
+    return pl.DataFrame({
+        "episode_id": ep, "step": df["step"], "task_group": df["task_group"],
+        "anchor_hash": pl.Series(hashes[codes] if n else np.zeros(0, np.uint64), dtype=pl.UInt64),
+        "step_group": key, "step_group_size": pl.Series(sizes, dtype=pl.Int32),
+        "history_groups": pl.Series(history).cast(pl.List(pl.Int64)),
+    })
 
 
 def similarity_groups(steps: pl.DataFrame, threshold: float) -> pl.Series:
