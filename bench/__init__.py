@@ -1,0 +1,47 @@
+"""Benchmarks (issue 5): each writes CSV and PNG under `results/bench/` and logs one MLflow run.
+
+Run with `python -m bench.<name>`; see each module's docstring. They are not timed tests; CI runs a tiny smoke
+version of each (tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+
+EXPERIMENT = "creditrl-bench"
+
+
+def log_run(name: str, params: dict, metrics: dict[str, float], artifacts: list[Path],
+            root: Path | None = None) -> str | None:
+    """Log one benchmark run to the repository's MLflow store (experiment `creditrl-bench`); never raises.
+
+    The store is the pipeline's (`mlflow.db` at the repository root, or `CREDITRL_TRACKING_URI`). If MLflow is
+    unavailable the benchmark's CSV and PNG are still on disk; this warns and returns None.
+    """
+    root = (root or Path(os.environ.get("CREDITRL_ROOT", Path.cwd()))).resolve()
+    uri = os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, Param
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        exp_id = exp.experiment_id if exp else client.create_experiment(
+            EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
+        run = client.create_run(exp_id, run_name=f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                                tags={"creditrl.bench": name})
+        rid = run.info.run_id
+        ts = int(time.time() * 1000)
+        client.log_batch(rid, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                         metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
+        for a in artifacts:
+            client.log_artifact(rid, str(a))
+        client.set_terminated(rid)
+        return rid
+    except Exception as e:  # noqa: BLE001 - tracking must never fail a benchmark
+        warnings.warn(f"MLflow unavailable for benchmark {name} ({type(e).__name__}: {e}); results are on disk",
+                      stacklevel=2)
+        return None

@@ -94,7 +94,7 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str) -> dict
     return out
 
 
-def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str]) -> pl.DataFrame:
+def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True) -> pl.DataFrame:
     params = load_params(params_file)
     iterations = sorted(int(p.parent.name.split("_")[1]) for p in run_dir.glob("iter_*/steps.parquet"))
     if not iterations:
@@ -134,6 +134,18 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str]) -> 
     write_text_atomic(out_dir / "credit_quality.csv", df.write_csv())
     plot(df, out_dir / "credit_quality.png", f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
     print(f"wrote {out_dir / 'credit_quality.csv'} and {out_dir / 'credit_quality.png'}")
+    if log:
+        from bench import log_run
+
+        metrics = {}
+        for r in rows:
+            metrics.update({f"{r['method']}_auc": r["auc"], f"{r['method']}_auc_step_term": r["auc_step_term"],
+                            f"{r['method']}_share_nonzero_step_signal": r["share_nonzero_step_signal"]})
+        log_run("credit_quality", {"run": str(run_dir.resolve()), "params": str(params_file.resolve()),
+                                   "iterations": f"{iterations[0]}-{iterations[-1]}", "turns": labelled.height,
+                                   "good": n_good, "bad": n_bad},
+                {k: v for k, v in metrics.items() if not math.isnan(v)},
+                [out_dir / "credit_quality.csv", out_dir / "credit_quality.png"])
     return df
 
 
@@ -169,8 +181,9 @@ def main(argv=None) -> None:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the params file of that run")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     args = ap.parse_args(argv)
-    run(args.run, args.params, args.out, args.methods)
+    run(args.run, args.params, args.out, args.methods, log=not args.no_mlflow)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def timed(fn, repeats: int):
     return best, out
 
 
-def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path) -> pl.DataFrame:
+def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: bool = True) -> pl.DataFrame:
     rows = []
     for n in sizes:
         steps = synthetic_steps(n)
@@ -113,6 +113,13 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path) -> pl
     write_text_atomic(csv, df.write_csv())
     plot(df, out_dir / "throughput.png")
     print(f"wrote {csv} and {out_dir / 'throughput.png'}")
+    if log:
+        from bench import log_run
+
+        log_run("throughput", {"sizes": sizes, "repeats": repeats, "reference_max": reference_max,
+                               "cpus": os.cpu_count()},
+                {f"{r['what']}_{r['turns']}_seconds": r["seconds"] for r in df.iter_rows(named=True)},
+                [csv, out_dir / "throughput.png"])
     big = df.filter((pl.col("what") == "group+gigpo") & (pl.col("turns") >= 1_000_000))
     if big.height:
         s = float(big["seconds"][0])
@@ -151,11 +158,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs per timing")
-    ap.add_argument("--reference-max", type=int, default=100_000,
+    ap.add_argument("--reference-max", type=int, default=1_000_000,
                     help="largest table the per-row Python reference also runs on")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     args = ap.parse_args(argv)
-    run(args.sizes, args.repeats, args.reference_max, args.out)
+    run(args.sizes, args.repeats, args.reference_max, args.out, log=not args.no_mlflow)
 
 
 if __name__ == "__main__":

@@ -44,54 +44,95 @@ def register(name: str):
     return deco
 
 
-def normalise(x: pl.Expr, group: str | list[str], mode: str, std: str = "unbiased") -> pl.Expr:
-    """`norm(x; G)` of credit-assignment.md, Terms; a group of size 1 gives 0."""
-    centred = x - x.mean().over(group)
-    if mode == "mean_norm":
-        out = centred
-    elif mode == "mean_std_norm":
+def _dense_keys(keys: np.ndarray) -> np.ndarray:
+    """Small non-negative integer ids for `keys`: the keys themselves when already in [0, 2n), else dense ranks."""
+    keys = np.asarray(keys)
+    n = len(keys)
+    if n and keys.dtype.kind in "iu" and keys.min() >= 0 and keys.max() < 2 * n:
+        return keys.astype(np.int64, copy=False)
+    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def group_norm(x: np.ndarray, keys: np.ndarray, mode: str, std: str = "unbiased") -> np.ndarray:
+    """`norm(x; G)` of credit-assignment.md, Terms, for every row at once; a group of size 1 gives 0.
+
+    `keys` names each row's group. `mean_norm`: x − mean_G(x); `mean_std_norm`: (x − mean_G(x)) / (std_G(x) + ε),
+    std unbiased (ddof 1) or population (ddof 0). Two passes of `np.bincount`: O(rows), no sorting.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) == 0:
+        return np.zeros(0)
+    k = _dense_keys(keys)
+    count = np.bincount(k)
+    mean = np.bincount(k, x) / np.maximum(count, 1)
+    out = x - mean[k]
+    if mode == "mean_std_norm":
         ddof = 1 if std == "unbiased" else 0
-        out = centred / (x.std(ddof=ddof).over(group) + EPS)
-    else:
+        var = np.bincount(k, out * out) / np.maximum(count - ddof, 1)
+        out = out / (np.sqrt(var)[k] + EPS)
+    elif mode != "mean_norm":
         raise ValueError(f"unknown normalisation mode {mode!r}; expected mean_norm or mean_std_norm")
-    return pl.when(pl.len().over(group) > 1).then(out).otherwise(0.0)
+    return np.where(count[k] > 1, out, 0.0)
 
 
-def penalty(invalid_penalty: float) -> pl.Expr:
+def penalty(valid: np.ndarray, invalid_penalty: float) -> np.ndarray:
     """`invalid_penalty` on rows whose action was invalid, else 0 (credit-assignment.md, Invalid actions)."""
-    return pl.when(pl.col("action_valid")).then(0.0).otherwise(invalid_penalty)
+    return np.where(valid, 0.0, invalid_penalty)
 
 
-def episode_returns(steps: pl.DataFrame) -> pl.DataFrame:
-    """One row per episode: `R(τ) = Σ_t r_t` (credit-assignment.md, Terms)."""
-    return steps.group_by("episode_id").agg(pl.col("task_group").first(), pl.col("reward").sum().alias("R"))
+class _Table:
+    """The step table's columns as numpy arrays, rows sorted by (episode_id, step), with episode boundaries."""
+
+    def __init__(self, steps: pl.DataFrame):
+        df = steps.sort("episode_id", "step")
+        self.df = df
+        self.episode_id = df["episode_id"].to_numpy()
+        self.step = df["step"].to_numpy()
+        self.task = df["task_group"].to_numpy()
+        self.reward = df["reward"].to_numpy().astype(np.float64)
+        self.valid = df["action_valid"].to_numpy().astype(bool)
+        n = df.height
+        first = np.r_[True, self.episode_id[1:] != self.episode_id[:-1]] if n else np.zeros(0, bool)
+        self.starts = np.flatnonzero(first)
+        self.lengths = np.diff(np.r_[self.starts, n])
+
+    def col(self, name: str) -> np.ndarray:
+        return self.df[name].to_numpy()
+
+    def episode_sum(self, values: np.ndarray) -> np.ndarray:
+        """Σ over each episode's rows, one value per episode."""
+        return np.add.reduceat(values, self.starts) if len(self.starts) else np.zeros(0)
+
+    def returns(self, reward: np.ndarray, gamma: float) -> np.ndarray:
+        return discounted_returns(self.episode_id, self.step, reward, gamma)
+
+    def output(self, episode_adv: np.ndarray, step_score: np.ndarray | None, step_adv: np.ndarray) -> pl.DataFrame:
+        n = self.df.height
+        score = (pl.Series("step_score", step_score, dtype=pl.Float64) if step_score is not None
+                 else pl.Series("step_score", [None] * n, dtype=pl.Float64))
+        return pl.DataFrame([
+            self.df["episode_id"], self.df["step"],
+            pl.Series("episode_advantage", episode_adv, dtype=pl.Float64), score,
+            pl.Series("step_advantage", step_adv, dtype=pl.Float64),
+            pl.Series("advantage", episode_adv + step_adv, dtype=pl.Float64),
+        ])
 
 
-def episode_advantage(steps: pl.DataFrame, mode: str, episode_stats: str, invalid_penalty: float) -> pl.Expr:
-    """`A^E` (credit-assignment.md, GRPO; Invalid actions) as a column of `steps`.
+def episode_advantage(t: _Table, mode: str, episode_stats: str, invalid_penalty: float) -> np.ndarray:
+    """`A^E` (credit-assignment.md, GRPO; Invalid actions) for every row of `t`.
 
     Group statistics come from one value per episode (`per_episode`, the paper) or one per turn row
     (`per_turn`, the released GiGPO code), always of the unpenalised returns; the penalty is subtracted after
     normalising (module docstring, Decisions).
     """
-    R = pl.col("reward").sum().over("episode_id")
-    if episode_stats == "per_turn":
-        weight_rows = pl.lit(True)
-    elif episode_stats == "per_episode":
-        weight_rows = pl.col("step") == pl.col("step").min().over("episode_id")
+    R = t.episode_sum(t.reward)
+    if episode_stats == "per_episode":
+        adv = np.repeat(group_norm(R, t.task[t.starts], mode), t.lengths)
+    elif episode_stats == "per_turn":
+        adv = group_norm(np.repeat(R, t.lengths), t.task, mode)
     else:
         raise ValueError(f"unknown episode_stats {episode_stats!r}; expected per_episode or per_turn")
-    masked = pl.when(weight_rows).then(R)
-    mean = masked.mean().over("task_group")
-    count = masked.count().over("task_group")
-    if mode == "mean_norm":
-        adv = R - mean
-    elif mode == "mean_std_norm":
-        std = masked.std(ddof=1).over("task_group")
-        adv = (R - mean) / (std + EPS)
-    else:
-        raise ValueError(f"unknown normalisation mode {mode!r}; expected mean_norm or mean_std_norm")
-    return pl.when(count > 1).then(adv).otherwise(0.0) - penalty(invalid_penalty)
+    return adv - penalty(t.valid, invalid_penalty)
 
 
 def discounted_returns(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, gamma: float) -> np.ndarray:
@@ -103,8 +144,11 @@ def discounted_returns(episode_id: np.ndarray, step: np.ndarray, reward: np.ndar
     n = len(reward)
     if n == 0:
         return np.zeros(0)
-    order = np.lexsort((step, episode_id))
-    ep, r = np.asarray(episode_id)[order], np.asarray(reward, dtype=np.float64)[order]
+    episode_id, step = np.asarray(episode_id), np.asarray(step)
+    presorted = n < 2 or bool(np.all((episode_id[1:] > episode_id[:-1])
+                                     | ((episode_id[1:] == episode_id[:-1]) & (step[1:] > step[:-1]))))
+    order = np.arange(n) if presorted else np.lexsort((step, episode_id))
+    ep, r = episode_id[order], np.asarray(reward, dtype=np.float64)[order]
     last = np.r_[ep[1:] != ep[:-1], True]                     # row ends its episode
     end_idx = np.flatnonzero(last)
     ends = np.repeat(end_idx, np.diff(np.r_[-1, end_idx]))   # index of each row's episode end
@@ -122,44 +166,24 @@ def discounted_returns(episode_id: np.ndarray, step: np.ndarray, reward: np.ndar
     return out
 
 
-def _sorted(steps: pl.DataFrame) -> pl.DataFrame:
-    return steps.sort("episode_id", "step")
-
-
-def _with_returns(steps: pl.DataFrame, gamma: float, name: str = "G") -> pl.DataFrame:
-    G = discounted_returns(steps["episode_id"].to_numpy(), steps["step"].to_numpy(),
-                           steps["reward"].to_numpy(), gamma)
-    return steps.with_columns(pl.Series(name, G, dtype=pl.Float64))
-
-
-def _finish(df: pl.DataFrame) -> pl.DataFrame:
-    return df.with_columns(
-        (pl.col("episode_advantage") + pl.col("step_advantage")).alias("advantage")).select(OUTPUT)
-
-
 @register("grpo")
 def grpo(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
     """GRPO (credit-assignment.md, "GRPO (episode level only)"): `A_t = A^E(τ)`, no step-level term."""
-    steps = _sorted(steps)
-    return _finish(steps.select(
-        "episode_id", "step",
-        episode_advantage(steps, cfg.mode, cfg.episode_stats, invalid_penalty).alias("episode_advantage"),
-        pl.lit(None, dtype=pl.Float64).alias("step_score"), pl.lit(0.0).alias("step_advantage")))
+    t = _Table(steps)
+    return t.output(episode_advantage(t, cfg.mode, cfg.episode_stats, invalid_penalty), None,
+                    np.zeros(t.df.height))
 
 
 @register("rloo")
 def rloo(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
     """RLOO (credit-assignment.md, RLOO): `A^E = R(τ) − mean of the other episodes' R = N/(N−1)(R − mean_g R)`."""
-    steps = _sorted(steps)
-    eps = episode_returns(steps).with_columns(
-        pl.len().over("task_group").alias("N"), pl.col("R").mean().over("task_group").alias("mean_R"))
-    eps = eps.with_columns(
-        pl.when(pl.col("N") > 1).then(pl.col("N") / (pl.col("N") - 1) * (pl.col("R") - pl.col("mean_R")))
-        .otherwise(0.0).alias("A_E")).select("episode_id", "A_E")
-    df = steps.join(eps, on="episode_id", how="left", maintain_order="left")
-    return _finish(df.select(
-        "episode_id", "step", (pl.col("A_E") - penalty(invalid_penalty)).alias("episode_advantage"),
-        pl.lit(None, dtype=pl.Float64).alias("step_score"), pl.lit(0.0).alias("step_advantage")))
+    t = _Table(steps)
+    task_ep = t.task[t.starts]
+    k = _dense_keys(task_ep)
+    N = np.bincount(k)[k]
+    centred = group_norm(t.episode_sum(t.reward), task_ep, "mean_norm")
+    a_ep = np.where(N > 1, N / np.maximum(N - 1, 1) * centred, 0.0)
+    return t.output(np.repeat(a_ep, t.lengths) - penalty(t.valid, invalid_penalty), None, np.zeros(t.df.height))
 
 
 @register("gigpo")
@@ -169,17 +193,16 @@ def gigpo(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
     Step groups come from the group stage (`step_group`: same task group, same anchor) or, with
     `similarity_threshold`, from greedy clustering of the anchor strings within each task group.
     """
-    steps = _sorted(steps)
+    t = _Table(steps)
     if cfg.similarity_threshold is not None:
         from pipeline.grouping import similarity_groups
 
-        steps = steps.with_columns(similarity_groups(steps, cfg.similarity_threshold).alias("step_group"))
-    df = _with_returns(steps, cfg.gamma).with_columns((pl.col("G") - penalty(invalid_penalty)).alias("step_score"))
-    return _finish(df.select(
-        "episode_id", "step",
-        episode_advantage(df, cfg.mode, cfg.episode_stats, invalid_penalty).alias("episode_advantage"),
-        "step_score",
-        (cfg.step_advantage_w * normalise(pl.col("step_score"), "step_group", cfg.mode)).alias("step_advantage")))
+        groups = similarity_groups(t.df, cfg.similarity_threshold).to_numpy()
+    else:
+        groups = t.col("step_group")
+    score = t.returns(t.reward, cfg.gamma) - penalty(t.valid, invalid_penalty)
+    return t.output(episode_advantage(t, cfg.mode, cfg.episode_stats, invalid_penalty), score,
+                    cfg.step_advantage_w * group_norm(score, groups, cfg.mode))
 
 
 @register("hgpo")
@@ -190,23 +213,25 @@ def hgpo(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
     over the depths whose group is not a singleton and the weights are renormalised over them. With
     `base_group`, `A^E` is added as a k = 0 term of weight 1.
     """
-    steps = _sorted(steps)
-    depth = steps["history_groups"].list.len().min() if steps.height else 0
-    if steps.height and steps["history_groups"].list.len().max() != depth:
+    t = _Table(steps)
+    n = t.df.height
+    lens = t.df["history_groups"].list.len()
+    depth = int(lens.min()) if n else 0
+    if n and lens.max() != depth:
         raise ValueError("history_groups: rows carry keys of different depths; rerun the group stage")
-    df = _with_returns(steps, cfg.gamma).with_columns((pl.col("G") - penalty(invalid_penalty)).alias("step_score"))
-    df = df.with_columns(pl.col("history_groups").list.get(k).alias(f"_key{k + 1}") for k in range(depth))
-    num, den = pl.lit(0.0), pl.lit(0.0)
+    keys = (t.df["history_groups"].list.to_array(depth).to_numpy().reshape(n, depth) if n
+            else np.zeros((0, 0), np.int64))
+    score = t.returns(t.reward, cfg.gamma) - penalty(t.valid, invalid_penalty)
+    num, den = np.zeros(n), np.zeros(n)
     for k in range(1, depth + 1):
-        key = f"_key{k}"
-        w = pl.when(pl.len().over(key) > 1).then(float((k + 1) ** cfg.alpha)).otherwise(0.0)
-        num = num + w * normalise(pl.col("step_score"), key, cfg.mode, cfg.std)
-        den = den + w
-    step_adv = pl.when(den > 0).then(num / den).otherwise(0.0)
-    ep_adv = (episode_advantage(df, cfg.episode_mode, cfg.episode_stats, invalid_penalty) if cfg.base_group
-              else pl.lit(0.0))
-    return _finish(df.select("episode_id", "step", ep_adv.alias("episode_advantage"), "step_score",
-                             step_adv.alias("step_advantage")))
+        key = _dense_keys(keys[:, k - 1])
+        w = np.where(np.bincount(key)[key] > 1, float((k + 1) ** cfg.alpha), 0.0)
+        num += w * group_norm(score, key, cfg.mode, cfg.std)
+        den += w
+    step_adv = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    ep_adv = (episode_advantage(t, cfg.episode_mode, cfg.episode_stats, invalid_penalty) if cfg.base_group
+              else np.zeros(n))
+    return t.output(ep_adv, score, step_adv)
 
 
 @register("oprl")
@@ -215,12 +240,10 @@ def oprl(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
 
     `score` is the implicit step reward r_φ(t) written by the fit stage (β included).
     """
-    steps = _sorted(steps).with_columns((pl.col("score") - penalty(invalid_penalty)).alias("step_score"))
-    return _finish(steps.select(
-        "episode_id", "step",
-        episode_advantage(steps, cfg.episode_mode, cfg.episode_stats, invalid_penalty).alias("episode_advantage"),
-        "step_score",
-        (cfg.alpha * normalise(pl.col("step_score"), "task_group", cfg.mode)).alias("step_advantage")))
+    t = _Table(steps)
+    score = t.col("score").astype(np.float64) - penalty(t.valid, invalid_penalty)
+    return t.output(episode_advantage(t, cfg.episode_mode, cfg.episode_stats, invalid_penalty), score,
+                    cfg.alpha * group_norm(score, t.task, cfg.mode))
 
 
 @register("spa")
@@ -231,19 +254,11 @@ def spa(steps: pl.DataFrame, cfg, invalid_penalty: float) -> pl.DataFrame:
     `r^SPA_t = progress_w · c_t + grounding_w · g_t` with g_t = 1 for a valid, executed action, and `G^SPA` its
     γ-discounted return within the episode.
     """
-    steps = _sorted(steps)
-    r_spa = (cfg.progress_w * pl.col("score")
-             + cfg.grounding_w * pl.col("action_valid").cast(pl.Float64))
-    tmp = steps.with_columns(r_spa.alias("reward"))
-    G = discounted_returns(tmp["episode_id"].to_numpy(), tmp["step"].to_numpy(), tmp["reward"].to_numpy(),
-                           cfg.gamma)
-    df = steps.with_columns(pl.Series("G", G, dtype=pl.Float64)).with_columns(
-        (pl.col("G") - penalty(invalid_penalty)).alias("step_score"))
-    return _finish(df.select(
-        "episode_id", "step",
-        episode_advantage(df, cfg.episode_mode, cfg.episode_stats, invalid_penalty).alias("episode_advantage"),
-        "step_score",
-        (cfg.step_advantage_w * normalise(pl.col("step_score"), "task_group", cfg.mode)).alias("step_advantage")))
+    t = _Table(steps)
+    r_spa = cfg.progress_w * t.col("score").astype(np.float64) + cfg.grounding_w * t.valid.astype(np.float64)
+    score = t.returns(r_spa, cfg.gamma) - penalty(t.valid, invalid_penalty)
+    return t.output(episode_advantage(t, cfg.episode_mode, cfg.episode_stats, invalid_penalty), score,
+                    cfg.step_advantage_w * group_norm(score, t.task, cfg.mode))
 
 
 def compute_advantages(steps: pl.DataFrame, credit_cfg) -> pl.DataFrame:

@@ -81,9 +81,9 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     of one chunk.
     """
     n_eps = len(episode_group)
-    te = torch.as_tensor(turn_episode, dtype=torch.long)
-    group = torch.as_tensor(episode_group)
-    success = torch.as_tensor(episode_success)
+    te = torch.as_tensor(np.array(turn_episode), dtype=torch.long)
+    group = torch.as_tensor(np.array(episode_group))
+    success = torch.as_tensor(np.array(episode_success))
     counts = np.bincount(turn_episode, minlength=n_eps).astype(np.float64)
     losses = []
     n_pairs = 0

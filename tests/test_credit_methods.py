@@ -69,6 +69,19 @@ def test_group_keys():
     assert hg[(1, 1)][1] != hg[(1, 2)][1]                           # (d, a) vs (d, d)
 
 
+
+def test_hash_collision_between_different_anchors_is_an_error(monkeypatch):
+    import pipeline.grouping as grouping
+
+    monkeypatch.setattr(grouping.xxhash, "xxh3_64_intdigest", lambda b: 42)   # every string collides
+    with pytest.raises(grouping.AnchorCollisionError, match=r"'a'.*'b'.*share hash 42"):
+        build_groups(pl.DataFrame({"episode_id": [0, 0], "step": [0, 1], "task_group": [0, 0],
+                                   "anchor": ["a", "b"]}))
+    # the same string many times is no collision
+    out = build_groups(pl.DataFrame({"episode_id": [0, 1], "step": [0, 0], "task_group": [0, 0],
+                                     "anchor": ["a", "a"]}))
+    assert out["step_group_size"].to_list() == [2, 2]
+
 def test_rloo():
     a = advantages("rloo")
     # group 0: R = 1, 0, 0. ep 0: 1 - mean(0, 0) = 1; ep 1, 2: 0 - mean(1, 0) = -0.5. Group 1: 1 - 1 = 0.

@@ -1,0 +1,66 @@
+"""Smoke versions of the benchmarks (issue 5): they run, agree with the per-row reference and write their files.
+
+The real runs (`python -m bench.throughput`, `python -m bench.credit_quality`) are on demand; their numbers are in
+the README. Also the oracle labels and ROC-AUC the credit-quality benchmark scores with
+(credit-assignment.md, Oracle credit), on hand-made cases.
+"""
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from bench import credit_quality, throughput
+from pipeline.config import METHODS
+
+
+def test_throughput_smoke(tmp_path):
+    df = throughput.run([3000], repeats=1, reference_max=3000, out_dir=tmp_path, log=False)
+    assert set(df["what"]) == {"group", *METHODS, "group+gigpo", "gigpo_per_row_python"}
+    assert (df["turns"] == 3000).all() and (df["seconds"] > 0).all()
+    on_disk = pl.read_csv(tmp_path / "throughput.csv")
+    assert on_disk.height == df.height
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+
+
+def test_synthetic_steps_look_like_rollouts():
+    s = throughput.synthetic_steps(5000)
+    assert s.height == 5000
+    lengths = s.group_by("episode_id").len()["len"]
+    assert lengths.min() >= 1 and lengths.max() <= 15
+    assert (s.group_by("task_group").agg(pl.col("episode_id").n_unique())["episode_id"] <= 8).all()
+    assert (s.filter(pl.col("step") == 0).group_by("task_group").agg(pl.col("anchor").n_unique())["anchor"] == 1).all()
+
+
+def test_oracle_labels_on_a_hand_made_room():
+    grid = "____\n@$_.\n____\n____"          # d = 2: push right twice
+    steps = pl.DataFrame({
+        "anchor": [grid] * 4,
+        "response": ["<action>right</action>",   # d 2 -> 1: good
+                     "<action>down</action>",    # player walks off the box's row: d 2 -> 3, bad
+                     "<action>left</action>",    # into the wall: no move, d unchanged, neither
+                     "<action>jump</action>"],   # invalid: bad
+        "action_valid": [True, True, True, False],
+    })
+    assert credit_quality.oracle_labels(steps).to_list() == [1, 0, None, 0]
+
+
+def test_roc_auc_by_hand():
+    # pairs (pos, neg): 0.35>0.1, 0.35<0.4, 0.8>0.1, 0.8>0.4 -> 3 of 4
+    assert credit_quality.roc_auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == 0.75
+    assert credit_quality.roc_auc(np.array([1.0, 1.0]), np.array([0, 1])) == 0.5        # a tie counts half
+    assert math.isnan(credit_quality.roc_auc(np.array([1.0, 2.0]), np.array([1, 1])))   # no bad turn
+
+
+@pytest.mark.e2e
+def test_credit_quality_smoke(grpo_run, tmp_path):
+    out = tmp_path / "bench"
+    df = credit_quality.run(grpo_run / "results", grpo_run / "params.yaml", out, list(METHODS), log=False)
+    assert df["method"].to_list() == list(METHODS)
+    rows = {r["method"]: r for r in df.iter_rows(named=True)}
+    for m in ("grpo", "rloo"):                     # episode-level only: no step signal at all
+        assert rows[m]["share_nonzero_step_signal"] == 0.0
+    assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
+    assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHODS)
+    assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
