@@ -69,8 +69,13 @@ class Tracker:
             f"{stage}.jsonl" if iteration is None else f"{stage}_{iteration}.jsonl")
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
         self.metrics_file.write_text("")
+        self.t_enter = time.time()
+        self.tracking_s = 0.0
+        self._finished = False
         if params.tracking.enabled:
             self._guard(self._start)
+        self.t_ready = time.time()
+        self.tracking_s += self.t_ready - self.t_enter
 
     def _guard(self, fn, *args):
         if self.params.tracking.enabled and (self.client is not None or fn == self._start):
@@ -143,7 +148,25 @@ class Tracker:
     def log_artifact(self, path: str | Path, parent: bool = False) -> None:
         self._guard(lambda: self.client.log_artifact(self.parent_id if parent else self.run_id, str(path)))
 
+    def _log_timing(self) -> None:
+        """`time/*` metrics of this stage process: start-up (interpreter and module imports, up to the tracker),
+        tracking (MLflow), work (the rest); read by `bench.breakdown`."""
+        try:
+            import psutil
+
+            started = psutil.Process().create_time()
+        except Exception:  # noqa: BLE001 - best effort
+            return
+        now = time.time()
+        self.log_metrics({"time/startup_s": max(self.t_enter - started, 0.0), "time/tracking_s": self.tracking_s,
+                          "time/work_s": max(now - self.t_ready, 0.0), "time/total_s": now - started})
+
     def finish(self, status: str = "FINISHED", end_parent: bool = False) -> None:
+        if not self._finished:
+            self._finished = True
+            if status == "FINISHED":
+                self._log_timing()
+
         def _end():
             self.client.set_terminated(self.run_id, status=status)
             if end_parent:
