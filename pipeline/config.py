@@ -207,6 +207,13 @@ class RuntimeConfig(Section):
     torch_threads: int = Field(0, ge=0, description="0: the cores given to the job by Snakemake, else all")
 
 
+class FaultsConfig(Section):
+    """What the rollout and evaluate stages tolerate (README, Failures and resuming)."""
+    max_env_error_share: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="share of episodes whose environment raised that the stage accepts before it fails")
+
+
 class Params(Section):
     seed: int = Field(0, ge=0, lt=2**31)
     loop: LoopConfig = LoopConfig()
@@ -220,6 +227,7 @@ class Params(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     tracking: TrackingConfig = TrackingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    faults: FaultsConfig = FaultsConfig()
 
     @model_validator(mode="after")
     def _group_methods_need_groups(self):

@@ -2,6 +2,10 @@
 
 All episodes of a call advance together turn by turn; the live ones are generated in batches of `batch_size`.
 Sampling seeds derive from (seed, turn, batch), so the same call gives the same table on CPU.
+
+An exception in one episode's `env.step` ends that episode there: its last row is truncated, not executed
+(`action_valid` false, reward 0) and carries the error text in `env_error`; the other episodes go on.
+`check_env_errors` counts them and fails the stage above `faults.max_env_error_share`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.envs.base import Env
+from pipeline.envs.base import Env, StepResult
 from pipeline.policy import encode_prompt, generate
 from pipeline.prompting import build_prompt
 
@@ -57,15 +61,18 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
         still = []
         for k, i in enumerate(live):
             g = gens[k]
-            res = envs[i].step(g.text)
             spec = specs[i]
+            try:
+                res, error = envs[i].step(g.text), None
+            except Exception as e:  # noqa: BLE001 - one broken episode must not stop the rollout
+                res, error = _failed_step(obs[i]), f"{type(e).__name__}: {e}"[:500]
             rows.append({
                 "task_id": spec.task_id, "task_group": spec.task_group, "episode_id": spec.episode_id,
                 "step": turn, "observation": obs[i][0], "anchor": obs[i][1], "prompt": prompts[k],
                 "prompt_ids": prompt_ids[k], "response_ids": g.response_ids, "response_logprobs": g.logprobs,
                 "response": g.text, "action": res.action, "action_valid": res.action_valid,
                 "reward": res.reward, "terminated": res.terminated, "truncated": res.truncated,
-                "success": res.success, "env_error": None,
+                "success": res.success, "env_error": error,
             })
             history[i].append((obs[i][0], res.action))
             obs[i] = (res.observation, res.anchor)
@@ -78,6 +85,34 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
             progress(f"turn {turn}: {done}/{len(specs)} episodes done, {len(rows)} turns, {rate:.1f} turns/s")
         live = still
     return finish_episodes(pl.DataFrame(rows, schema_overrides={"action": pl.String, "env_error": pl.String}))
+
+
+def _failed_step(obs: tuple[str, str]) -> StepResult:
+    """The row of a turn whose `env.step` raised: not executed, no reward, the episode truncated here."""
+    return StepResult(observation=obs[0], anchor=obs[1], reward=0.0, terminated=False, truncated=True,
+                      action_valid=False, success=False, action=None)
+
+
+class EnvFailureError(ValueError):
+    pass
+
+
+def check_env_errors(steps: pl.DataFrame, max_share: float, where: str) -> dict[str, float]:
+    """Count episodes whose environment raised (`env_error` set); fail above `max_share` of all episodes.
+
+    Returns the metrics to report; raises `EnvFailureError` naming the share, the limit and the first error.
+    """
+    episodes = steps["episode_id"].n_unique()
+    failed = steps.filter(pl.col("env_error").is_not_null())
+    n = failed["episode_id"].n_unique()
+    share = n / episodes if episodes else 0.0
+    if share > max_share:
+        first = failed.row(0, named=True)
+        raise EnvFailureError(
+            f"{where}: the environment raised in {n} of {episodes} episodes ({share:.1%}), above "
+            f"faults.max_env_error_share = {max_share}; first in episode {first['episode_id']} (task "
+            f"{first['task_id']}, turn {first['step']}): {first['env_error']}")
+    return {"env_error_episodes": float(n), "env_error_share": share}
 
 
 def play_with_params(params, model, tokenizer, specs: list[EpisodeSpec], *, temperature: float, seed: int,

@@ -89,7 +89,13 @@ class TableError(ValueError):
     """A table on disk is missing, unreadable or does not match its declared schema."""
 
 
-def _tmp_name(path: Path) -> Path:
+def _tmp_name(path: Path, clean: bool = True) -> Path:
+    """A fresh temporary name beside `path`; first removes the ones a killed writer of `path` left behind."""
+    for stale in path.parent.glob(f".{path.name}.tmp-*") if clean and path.parent.is_dir() else ():
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
@@ -142,7 +148,7 @@ def atomic_dir(path: str | Path):
     try:
         yield tmp
         if path.exists():
-            old = _tmp_name(path)
+            old = _tmp_name(path, clean=False)
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

@@ -20,6 +20,22 @@ class NonFiniteAdvantageError(ValueError):
     pass
 
 
+def advantages_excluding_env_errors(table: pl.DataFrame, credit) -> pl.DataFrame:
+    """`compute_advantages` on the episodes whose environment never raised; the others get advantage 0.
+
+    A crashed episode (`env_error` set on its last row, see `pipeline.rollout`) says nothing about the policy: it
+    neither enters the group statistics nor trains the policy.
+    """
+    broken = table.filter(pl.col("env_error").is_not_null())["episode_id"].unique()
+    if broken.is_empty():
+        return compute_advantages(table, credit)
+    ok = table.filter(~pl.col("episode_id").is_in(broken.implode()))
+    zeros = table.filter(pl.col("episode_id").is_in(broken.implode())).select(
+        "episode_id", "step", pl.lit(0.0).alias("episode_advantage"), pl.lit(None, pl.Float64).alias("step_score"),
+        pl.lit(0.0).alias("step_advantage"), pl.lit(0.0).alias("advantage"))
+    return pl.concat([compute_advantages(ok, credit), zeros]).sort("episode_id", "step")
+
+
 def main(argv=None) -> None:
     ctx = parse_args("advantages", per_iteration=True, argv=argv)
     p = ctx.params
@@ -42,7 +58,7 @@ def main(argv=None) -> None:
             if table.height != n:
                 raise ValueError(f"{ctx.path(STEP_REWARDS)} covers {table.height} of the {n} turns of "
                                  f"{ctx.path(STEPS)}; rerun the fit stage")
-        adv = compute_advantages(table, p.credit)
+        adv = advantages_excluding_env_errors(table, p.credit)
         bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
             ~pl.col("advantage").is_finite())
         if bad.height:

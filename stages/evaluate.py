@@ -14,7 +14,7 @@ from pipeline.config import EVAL_SEED_BASE
 from pipeline.envs.base import make_env
 from pipeline.policy import load_policy
 from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
-from pipeline.rollout import EpisodeSpec, episode_summary, play_with_params
+from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import EVAL_EPISODES, write_table, write_text_atomic
 from pipeline.tracking import Tracker
@@ -42,6 +42,7 @@ def main(argv=None) -> None:
         ctx.log(f"{len(specs)} held-out tasks, temperature {p.evaluate.temperature}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.evaluate.temperature,
                                  seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
+        faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
         episodes = steps.group_by("episode_id").agg(
             pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
             pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),
@@ -51,7 +52,7 @@ def main(argv=None) -> None:
             pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),
         )
         write_table(episodes, ctx.path(EVAL), EVAL_EPISODES)
-        summary = episode_summary(steps)
+        summary = episode_summary(steps) | faults
         write_text_atomic(ctx.path(EVAL_METRICS), json.dumps({"iteration": it, **summary}, indent=2) + "\n")
         tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, step=it, parent=True)
         ctx.log(f"wrote {ctx.path(EVAL)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))

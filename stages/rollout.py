@@ -12,7 +12,7 @@ import polars as pl
 from pipeline.config import SEEDS_PER_ITERATION, TRAIN_SEED_BASE
 from pipeline.policy import load_policy
 from pipeline.registry import PREV_CHECKPOINT, STEPS
-from pipeline.rollout import EpisodeSpec, episode_summary, play_with_params
+from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import STEPS as STEPS_SCHEMA
 from pipeline.tables import write_table
@@ -39,9 +39,10 @@ def main(argv=None) -> None:
         ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.rollout.temperature,
                                  seed=p.seed * 1_000_003 + it, progress=ctx.log)
+        faults = check_env_errors(steps, p.faults.max_env_error_share, f"rollout, iteration {it}")
         steps = steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration"))
         write_table(steps, ctx.path(STEPS), STEPS_SCHEMA)
-        summary = episode_summary(steps)
+        summary = episode_summary(steps) | faults
         summary["response_tokens_mean"] = float(steps["response_ids"].list.len().mean())
         tracker.log_metrics({f"train/{k}": v for k, v in summary.items()}, step=it, parent=True)
         ctx.log(f"wrote {ctx.path(STEPS)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))

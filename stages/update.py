@@ -31,13 +31,17 @@ def main(argv=None) -> None:
         prev = ctx.path(PREV_CHECKPOINT)
         model, tokenizer = load_policy(prev, p.policy.dtype)
         steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
-            "episode_id", "step", "prompt_ids", "response_ids", "response_logprobs")
+            "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
         adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)
         table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
         if table.height != steps.height:
             raise ValueError(f"{ctx.path(ADVANTAGES)} covers {table.height} of {steps.height} turns")
-        if not table["advantage"].is_finite().all():
-            raise ValueError(f"iteration {it}: non-finite advantages in {ctx.path(ADVANTAGES)}")
+        bad = table.filter(~pl.col("advantage").is_finite())
+        if bad.height:
+            first = bad.row(0, named=True)
+            raise ValueError(f"iteration {it}: {bad.height} non-finite advantages in {ctx.path(ADVANTAGES)}, first "
+                             f"in task_group {first['task_group']} (episode {first['episode_id']}, turn "
+                             f"{first['step']}): {first['advantage']}; no checkpoint written")
         table = table.filter(pl.col("response_ids").list.len() > 0)
         prompts = table["prompt_ids"].to_list()
         responses = table["response_ids"].to_list()

@@ -1,7 +1,6 @@
 """Declared schemas, atomic writes and checked reads."""
 
 import polars as pl
-import pyarrow as pa
 import pytest
 
 from pipeline.tables import GROUPS, TableError, atomic_dir, read_table, write_table
@@ -47,3 +46,16 @@ def test_atomic_dir_leaves_nothing_on_error(tmp_path):
     with atomic_dir(target) as tmp:
         (tmp / "weights").write_text("whole")
     assert (target / "weights").read_text() == "whole" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_temporaries_a_killed_writer_left_are_cleared(tmp_path):
+    (tmp_path / ".g.parquet.tmp-deadbeef").write_bytes(b"half a table")
+    (tmp_path / ".ckpt.tmp-0badf00d").mkdir()
+    (tmp_path / ".ckpt.tmp-0badf00d" / "weights").write_text("half")
+    write_table(groups_frame(), tmp_path / "g.parquet", GROUPS)
+    with atomic_dir(tmp_path / "ckpt") as tmp:
+        (tmp / "weights").write_text("whole")
+    with atomic_dir(tmp_path / "ckpt") as tmp:       # replacing an existing folder
+        (tmp / "weights").write_text("newer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "g.parquet"]
+    assert (tmp_path / "ckpt" / "weights").read_text() == "newer"
