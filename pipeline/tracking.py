@@ -69,6 +69,8 @@ class Tracker:
             f"{stage}.jsonl" if iteration is None else f"{stage}_{iteration}.jsonl")
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
         self.metrics_file.write_text("")
+        self.unsynced_marker = self.metrics_file.with_suffix(".unsynced")
+        self.unsynced_marker.unlink(missing_ok=True)
         self.t_enter = time.time()
         self.tracking_s = 0.0
         self._finished = False
@@ -83,7 +85,9 @@ class Tracker:
                 return fn(*args)
             except Exception as e:  # noqa: BLE001 - tracking must never stop the pipeline
                 warnings.warn(f"MLflow tracking unavailable ({type(e).__name__}: {e}); metrics are still written to "
-                              f"{self.metrics_file}", stacklevel=3)
+                              f"{self.metrics_file}; `python -m pipeline.tracking sync` logs them later",
+                              stacklevel=3)
+                self.unsynced_marker.write_text(f"{type(e).__name__}: {e}\n")
                 self.client = None
         return None
 
@@ -180,3 +184,61 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb):
         self.finish("FAILED" if exc_type else "FINISHED")
         return False
+
+
+def sync(params: Params, root: Path | None = None) -> int:
+    """Log to MLflow every stage whose tracking failed (a `results/metrics/*.unsynced` marker beside its
+    metrics file): one parent run for this sync, a child run per stage with its params and every metric record
+    (parent-level ones on the parent too). Returns the number of stages synced; markers go once synced."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    root = root or repo_root()
+    markers = sorted((root / "results" / "metrics").glob("*.unsynced"))
+    if not markers:
+        return 0
+    client = MlflowClient(tracking_uri=tracking_uri(params, root))
+    exp = client.get_experiment_by_name(params.tracking.experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        params.tracking.experiment, artifact_location=(root / "mlartifacts").as_uri())
+    parent = client.create_run(exp_id, run_name=f"sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                               tags={"creditrl.role": "parent", "creditrl.driver": "sync",
+                                     "creditrl.method": params.credit.method}).info.run_id
+    t = Tracker.__new__(Tracker)
+    t.params = params
+    t._log_params(client, parent)
+    for marker in markers:
+        records = [json.loads(line) for line in marker.with_suffix(".jsonl").read_text().splitlines() if line]
+        stage = marker.stem
+        child = client.create_run(exp_id, run_name=stage, tags={
+            "mlflow.parentRunId": parent, "creditrl.role": "stage", "creditrl.synced": "true",
+            "creditrl.stage": records[0]["stage"] if records else stage})
+        t._log_params(client, child.info.run_id)
+        for rec in records:
+            ts = int(rec["time"] * 1000)
+            batch = [Metric(k, float(v), ts, rec["step"] or 0) for k, v in rec["metrics"].items()]
+            client.log_batch(child.info.run_id, metrics=batch)
+            if rec.get("parent"):
+                client.log_batch(parent, metrics=batch)
+        client.set_terminated(child.info.run_id)
+        marker.unlink()
+    client.set_terminated(parent)
+    return len(markers)
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    from pipeline.config import load_params
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.tracking",
+                                 description="Log to MLflow the stages whose tracking failed during a run.")
+    ap.add_argument("command", choices=["sync"])
+    ap.add_argument("--params", default="params.yaml")
+    args = ap.parse_args(argv)
+    n = sync(load_params(args.params))
+    print(f"synced {n} stage(s) to {tracking_uri(load_params(args.params))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,15 +1,23 @@
 """Shared fixtures: one real Snakemake run of the tiny configuration (GRPO, 2 iterations), reused by the end-to-end
 tests of every credit method, which copy it and change only `credit`."""
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def workflow_files(d: Path) -> None:
+    """The Snakefile and its workflow profile, as a clone of the repository has them."""
+    shutil.copy(ROOT / "Snakefile", d / "Snakefile")
+    shutil.copytree(ROOT / "profiles", d / "profiles", dirs_exist_ok=True)
 
 
 def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
@@ -20,9 +28,40 @@ def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="session")
 def grpo_run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("e2e")
-    shutil.copy(ROOT / "Snakefile", d / "Snakefile")
+    workflow_files(d)
     shutil.copy(ROOT / "tests" / "tiny_params.yaml", d / "params.yaml")
     r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         pytest.fail(snakemake_failure(d, r))
     return d
+
+
+METHODS = ("rloo", "gigpo", "hgpo", "oprl", "spa")
+JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
+
+
+def planned_jobs(d) -> set[str]:
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p"], cwd=d, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {name if it is None or it == "" else f"{name}@{it}" for name, it in JOB.findall(r.stdout + r.stderr)}
+
+
+@pytest.fixture(scope="session")
+def method_runs(grpo_run, tmp_path_factory):
+    dirs, plans = {}, {}
+    for m in METHODS:
+        d = tmp_path_factory.mktemp(f"method_{m}")
+        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+        params = yaml.safe_load((d / "params.yaml").read_text())
+        params["credit"] = {"method": m}
+        params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
+        (d / "params.yaml").write_text(yaml.safe_dump(params))
+        plans[m] = planned_jobs(d)
+        dirs[m] = d
+    procs = {m: subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for m, d in dirs.items()}
+    for m, p in procs.items():
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    return dirs, plans

@@ -5,49 +5,13 @@ shows what reruns: Snakemake's dry run must plan the method's stages and everyth
 and never the initial policy or iteration 1's rollout and groups. The five runs then execute concurrently.
 """
 
-import re
-import shutil
-import subprocess
-
 import polars as pl
 import pytest
-import yaml
 
 from pipeline import tables
-from tests.conftest import SNAKEMAKE, snakemake_failure
+from tests.conftest import METHODS  # the method_runs fixture is in conftest, shared with test_resume
 
 pytestmark = pytest.mark.e2e
-
-METHODS = ("rloo", "gigpo", "hgpo", "oprl", "spa")
-JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
-
-
-def planned_jobs(d) -> set[str]:
-    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p"], cwd=d, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return {name if it is None or it == "" else f"{name}@{it}" for name, it in JOB.findall(r.stdout + r.stderr)}
-
-
-@pytest.fixture(scope="module")
-def method_runs(grpo_run, tmp_path_factory):
-    dirs, plans = {}, {}
-    for m in METHODS:
-        d = tmp_path_factory.mktemp(f"method_{m}")
-        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-        params = yaml.safe_load((d / "params.yaml").read_text())
-        params["credit"] = {"method": m}
-        params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
-        (d / "params.yaml").write_text(yaml.safe_dump(params))
-        plans[m] = planned_jobs(d)
-        dirs[m] = d
-    procs = {m: subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for m, d in dirs.items()}
-    for m, p in procs.items():
-        out, err = p.communicate(timeout=1200)
-        if p.returncode != 0:
-            pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
-    return dirs, plans
-
 
 @pytest.mark.parametrize("method", METHODS)
 def test_only_what_depends_on_the_method_reruns(method_runs, method):
