@@ -137,7 +137,7 @@ def plot(df: pl.DataFrame, per_stage: pl.DataFrame, path: Path) -> None:
     axes[0].set_xlabel("iteration")
     axes[0].set_ylabel("wall seconds")
     axes[0].set_title("Wall time of each iteration, by stage")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     stages = per_stage["stage"].to_list()
     means = {s: df.filter(pl.col("stage") == s).select(pl.col("startup_s", "tracking_s", "work_s").mean()).row(0)
              for s in stages}

@@ -64,3 +64,48 @@ def test_credit_quality_smoke(grpo_run, tmp_path):
     assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
     assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHODS)
     assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
+
+
+def test_learning_summary_by_hand():
+    from bench.learning import summarise
+
+    curves = pl.DataFrame({
+        "method": ["grpo"] * 6 + ["gigpo"] * 6,
+        "seed": [0, 0, 0, 1, 1, 1] * 2,
+        "iteration": [0, 1, 2] * 4,
+        "success_rate": [0.1, 0.3, 0.2, 0.1, 0.2, 0.4,      # grpo: final 0.2, 0.4; best 0.3, 0.4
+                         0.1, 0.5, 0.6, 0.1, 0.3, 0.5],     # gigpo: final 0.6, 0.5; best 0.6, 0.5
+    })
+    table, vs = summarise(curves)
+    rows = {r["method"]: r for r in table.iter_rows(named=True)}
+    assert rows["grpo"]["final_mean"] == pytest.approx(0.3) and rows["grpo"]["final_std"] == pytest.approx(0.1414214)
+    assert rows["gigpo"]["best_mean"] == pytest.approx(0.55)
+    assert rows["grpo"]["auc_mean"] == pytest.approx((0.6 / 3 + 0.7 / 3) / 2)
+    diff = {r["method"]: r for r in vs.iter_rows(named=True)}
+    assert diff["gigpo"]["final_minus_grpo_mean"] == pytest.approx(0.25)        # +0.4 and +0.1
+    assert diff["gigpo"]["final_minus_grpo_std"] == pytest.approx(0.2121320)
+    assert diff["grpo"]["final_minus_grpo_mean"] == 0.0
+
+
+@pytest.mark.e2e
+def test_learning_smoke(tmp_path):
+    import yaml
+
+    from bench import learning
+
+    params = yaml.safe_load((learning.ROOT / "tests" / "tiny_params.yaml").read_text())
+    params["loop"] = {"iterations": 1}
+    params["tracking"] = {"enabled": False}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    work, out = tmp_path / "work", tmp_path / "out"
+    learning.run_all(tmp_path / "p.yaml", ["grpo", "rloo"], [0], work, jobs=2, cores=1)
+    # both methods continue from the same base: identical initial policy and first rollouts
+    a, b = (work / f"{m}_s0" / "results" / "iter_1" / "steps.parquet" for m in ("grpo", "rloo"))
+    assert a.read_bytes() == b.read_bytes()
+    table = learning.report(work, ["grpo", "rloo"], [0], out, log=False)
+    curves = pl.read_csv(out / "learning_curves.csv")
+    assert curves.height == 4 and curves["iteration"].to_list() == [0, 1, 0, 1]
+    grpo = curves.filter(pl.col("method") == "grpo")["success_rate"].to_list()
+    row = table.filter(pl.col("method") == "grpo").row(0, named=True)
+    assert row["final_mean"] == grpo[1] and row["auc_mean"] == pytest.approx(sum(grpo) / 2)
+    assert (out / "learning.png").stat().st_size > 0

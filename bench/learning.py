@@ -1,0 +1,187 @@
+"""Benchmark: which credit method learns faster, on the same budget and the same rollouts (issue 5, point 1).
+
+    python -m bench.learning                                   # 6 methods x 3 seeds on params.yaml (hours on CPU)
+    python -m bench.learning --methods grpo gigpo --seeds 0 1 2 --params params.yaml --jobs 2
+
+For each seed, one base run makes the initial policy and iteration 1's rollouts and groups
+(`snakemake results/iter_1/groups.parquet`); every method then continues from a copy of it, so the methods
+differ only in credit assignment: same initial policy, same first rollouts, same iterations, episodes and update
+steps. Each run is a normal pipeline run in `<work>/<method>_s<seed>/` (its own results/, logs and benchmark
+files), logged to the repository's MLflow store like any run. Output in `--out`:
+
+- learning_curves.csv: success rate per method, seed and iteration (held-out evaluation);
+- learning.csv: per method, mean and standard deviation over seeds of the final success, the best success and
+  the area under the curve (mean success over iterations 0..T);
+- learning_vs_grpo.csv: per method, the per-seed difference from GRPO's final success (mean, std);
+- learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+from pipeline.config import METHODS, load_params
+from pipeline.tables import write_text_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def _workflow(d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "Snakefile", d / "Snakefile")
+    shutil.copytree(ROOT / "profiles", d / "profiles", dirs_exist_ok=True)
+
+
+def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:
+    p = yaml.safe_load(yaml.safe_dump(base))
+    p["seed"] = seed
+    p.setdefault("credit", {})["method"] = method
+    tracking = p.setdefault("tracking", {})
+    if not tracking.get("tracking_uri"):
+        tracking["tracking_uri"] = tracking_uri          # one store for every run, the repository's
+    return p
+
+
+def _snakemake(d: Path, cores: int, *targets: str) -> None:
+    t0 = time.perf_counter()
+    r = subprocess.run([SNAKEMAKE, *targets, "--cores", str(cores), "--quiet"], cwd=d, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"snakemake failed in {d} (see {d / 'results/logs'}):\n{r.stderr[-3000:]}")
+    print(f"  {d.name}: {' '.join(targets) or 'all'} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int) -> None:
+    base = yaml.safe_load(params_file.read_text()) or {}
+    load_params(params_file)                                     # validate before any work
+    uri = f"sqlite:///{ROOT / 'mlflow.db'}"
+    for seed in seeds:
+        seed_dir = work / f"base_s{seed}"
+        _workflow(seed_dir)
+        (seed_dir / "params.yaml").write_text(yaml.safe_dump(_params(base, "grpo", seed, uri)))
+        _snakemake(seed_dir, cores * jobs, "results/iter_1/groups.parquet", "results/iter_0/eval.parquet")
+        for m in methods:
+            d = work / f"{m}_s{seed}"
+            if not (d / "results" / "iter_1" / "steps.parquet").exists():
+                shutil.copytree(seed_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
+            (d / "params.yaml").write_text(yaml.safe_dump(_params(base, m, seed, uri)))
+    runs = [work / f"{m}_s{s}" for s in seeds for m in methods]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda d: _snakemake(d, cores), runs))
+
+
+def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
+    frames = []
+    for m in methods:
+        for s in seeds:
+            f = work / f"{m}_s{s}" / "results" / "report" / "success_curve.csv"
+            if not f.exists():
+                raise FileNotFoundError(f"{f}: missing; the run of {m}, seed {s} did not finish")
+            frames.append(pl.read_csv(f).select("iteration", "success_rate")
+                          .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")))
+    return pl.concat(frames).select("method", "seed", "iteration", "success_rate")
+
+
+def summarise(curves: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per method: final, best and area under the curve (mean over iterations), mean and std over seeds; and the
+    per-seed difference of each method's final success from GRPO's."""
+    last = curves["iteration"].max()
+    per_run = curves.group_by("method", "seed", maintain_order=True).agg(
+        pl.col("success_rate").filter(pl.col("iteration") == last).first().alias("final"),
+        pl.col("success_rate").max().alias("best"),
+        pl.col("success_rate").mean().alias("auc"),
+    )
+    table = per_run.group_by("method", maintain_order=True).agg(
+        pl.len().alias("seeds"),
+        *[e for k in ("final", "best", "auc")
+          for e in (pl.col(k).mean().alias(f"{k}_mean"), pl.col(k).std().alias(f"{k}_std"))])
+    vs = pl.DataFrame()
+    if "grpo" in per_run["method"].to_list():
+        g = per_run.filter(pl.col("method") == "grpo").select("seed", pl.col("final").alias("grpo_final"))
+        vs = (per_run.join(g, on="seed").with_columns((pl.col("final") - pl.col("grpo_final")).alias("diff"))
+              .group_by("method", maintain_order=True)
+              .agg(pl.col("diff").mean().alias("final_minus_grpo_mean"),
+                   pl.col("diff").std().alias("final_minus_grpo_std")))
+    return table, vs
+
+
+def plot(curves: pl.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    agg = curves.group_by("method", "iteration").agg(
+        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
+        pl.len().alias("n")).sort("iteration")
+    for method in curves["method"].unique(maintain_order=True).to_list():
+        d = agg.filter(pl.col("method") == method)
+        x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
+        line = ax.plot(x, m, marker="o", label=f"{method} (n={int(d['n'].max())})")[0]
+        ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out success rate")
+    ax.set_title("Learning curves: mean ± std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
+def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: bool = True) -> pl.DataFrame:
+    curves = collect(work, methods, seeds)
+    table, vs = summarise(curves)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "learning_curves.csv", curves.write_csv())
+    write_text_atomic(out / "learning.csv", table.write_csv())
+    if vs.height:
+        write_text_atomic(out / "learning_vs_grpo.csv", vs.write_csv())
+    plot(curves, out / "learning.png")
+    with pl.Config(tbl_rows=20, tbl_cols=12, tbl_width_chars=160, float_precision=3):
+        print(table)
+        if vs.height:
+            print(vs)
+    if log:
+        from bench import log_run
+
+        metrics = {f"{r['method']}_{k}": r[k] for r in table.iter_rows(named=True)
+                   for k in ("final_mean", "best_mean", "auc_mean") if r[k] is not None}
+        log_run("learning", {"methods": methods, "seeds": seeds, "work": str(work.resolve())}, metrics,
+                [out / "learning.csv", out / "learning_curves.csv", out / "learning.png"])
+    return table
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the shared configuration and budget")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--work", type=Path, default=Path("results/bench/learning"), help="where the runs live")
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores for each run")
+    ap.add_argument("--report-only", action="store_true", help="only collect finished runs")
+    ap.add_argument("--no-mlflow", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.report_only:
+        run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores)
+    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow)
+
+
+if __name__ == "__main__":
+    main()
