@@ -63,6 +63,8 @@ class Stage:
     outs: tuple[Entry, ...]
     params: tuple[Entry, ...]  # params.yaml sections or dotted keys whose change reruns it
     deps_all: tuple[str, ...] = ()  # templates expanded over every iteration 0..N
+    # cores Snakemake gives the job. init, fit and update are alone on the critical path and take 2; rollout of
+    # i+1 and evaluate of i run side by side, 1 each
     threads: int = 1
     code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
     enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
@@ -104,11 +106,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, PREV_REWARD_MODEL, When(PREV_REPLAY, _spa)),
           outs=(REWARD_MODEL, STEP_REWARDS, When(REPLAY, _spa)),
-          params=("seed", "credit.method", *_method_section), enabled=needs_fit),
+          params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",)),
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update")),
+          params=("seed", "update"), threads=2),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate")),
     Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),

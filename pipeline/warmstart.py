@@ -5,13 +5,17 @@ Demonstrations come from the exact solver: each turn is labelled with an optimal
 optimal and random play, and RL has room to improve). The labelled action is also the one executed, so the
 prompt history matches what happened.
 
-Training can have two phases. The first `clean_steps` steps see the same prompts labelled with an optimal action
-only; the rest use the executed (mixed) labels, which calibrate the sampling distribution to the mixture. The
-idea: with half the labels random the tiny model stays near the marginal action distribution (greedy play is worse
-than sampling), and clean labels should teach it the state-to-action mapping first. Measured on 128 held-out tasks
-(default params otherwise): no clean phase, success 0.156 sampled and 0.094 greedy; 400 clean of 800 steps, 0.227
-and 0.125; 1100 clean of 1400 steps at lr 3e-3, 0.234 and 0.133. The clean-phase loss stalls near 0.49 per
-response token either way. The default stays 0 until a phase that teaches the mapping is found.
+Training has two phases. The first `clean_steps` steps see the same prompts labelled with an optimal action
+only: they teach the state-to-action mapping. The rest use the executed (mixed) labels, which pull the sampling
+distribution toward the mixture, so the initial policy knows the mapping but plays it noisily, and RL has room to
+sharpen it. `random_action_share` also decides which states the demonstrations visit: more random moves, more
+off-path states with an optimal label, the states a noisy policy actually meets.
+
+Measured with the in-process loop of the default job (6 iterations of GRPO, 32 tasks x 8 episodes, PPO lr 2e-4,
+held-out success at temperature 1.0 on 128 tasks): share 0.65 with 600 clean of 800 steps goes from 0.273 to 0.664
+(seed 0) and from 0.312 to 0.586 (seed 1). Without a clean phase (share 0.5) the tiny model stays near the
+marginal action distribution and RL does not improve it (default job of 2026-11-21: 0.180 to 0.086). With share
+0.8 too many demonstration states are dead (no optimal label) and RL stays flat (0.234 to 0.258).
 """
 
 from __future__ import annotations
