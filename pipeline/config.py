@@ -74,17 +74,17 @@ class PolicyConfig(Section):
 
 class WarmstartConfig(Section):
     episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
-    random_action_share: float = Field(0.5, ge=0.0, le=1.0, description="share of demonstration turns labelled "
+    random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")
-    clean_steps: int = Field(0, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
+    clean_steps: int = Field(600, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
                              "the remaining steps use the mixed labels (the policy's noise)")
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0.0)
 
 
 class RolloutConfig(Section):
-    tasks_per_iteration: int = Field(16, ge=1, lt=SEEDS_PER_ITERATION, description="task groups per iteration")
+    tasks_per_iteration: int = Field(32, ge=1, lt=SEEDS_PER_ITERATION, description="task groups per iteration")
     group_size: int = Field(8, ge=1, description="episodes per task (G)")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
     batch_size: int = Field(256, ge=1, description="episodes generated together")
@@ -181,7 +181,7 @@ class CreditConfig(Section):
 
 
 class UpdateConfig(Section):
-    lr: float = Field(3e-4, gt=0.0)
+    lr: float = Field(2e-4, gt=0.0)
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
