@@ -14,8 +14,9 @@ off-path states with an optimal label, the states a noisy policy actually meets.
 Measured with the in-process loop of the default job (6 iterations of GRPO, 32 tasks x 8 episodes, PPO lr 2e-4,
 held-out success at temperature 1.0 on 128 tasks): share 0.65 with 600 clean of 800 steps goes from 0.273 to 0.664
 (seed 0) and from 0.312 to 0.586 (seed 1). Without a clean phase (share 0.5) the tiny model stays near the
-marginal action distribution and RL does not improve it (default job of 2026-11-21: 0.180 to 0.086). With share
-0.8 too many demonstration states are dead (no optimal label) and RL stays flat (0.234 to 0.258).
+marginal action distribution and RL does not improve it (the previous default job, commit 0f7604f: 0.180 to
+0.086). With share 0.8 RL stays flat (0.234 to 0.258); more demonstration states are dead there (no optimal
+label), a likely but unchecked cause.
 """
 
 from __future__ import annotations
