@@ -167,14 +167,36 @@ def pad_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id
     return ids, attn, resp
 
 
-def token_logprobs(model, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
-    """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there."""
+def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None, with_entropy: bool = False):
+    """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there.
+
+    `ids` is a right-padded batch from `pad_batch`. Pads come after every real token, so causal attention alone
+    never lets a real position see one: no padding mask is passed, positions run 0, 1, ... as with one, and
+    SDPA takes its causal fast path. `targets` (the response mask of `pad_batch`), when given, limits the LM head
+    to the columns where some row has a target (through `logits_to_keep` where the model accepts it); the other
+    columns come back as 0.
+    """
     device = next(model.parameters()).device
-    ids, attn = ids.to(device), attn.to(device)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    ids = ids.to(device)
+    width = ids.shape[1] - 1
+    cols = None
+    if targets is not None and _accepts_logits_to_keep(model):
+        cols = targets.any(0).nonzero().squeeze(1).to(device)
+        logits = model(input_ids=ids, logits_to_keep=cols).logits.float()
+    else:
+        logits = model(input_ids=ids).logits[:, :-1].float()
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    nxt = ids[:, 1:] if cols is None else ids[:, 1:][:, cols]
+    logp = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    if cols is not None:
+        logp = logp.new_zeros((ids.shape[0], width)).index_copy(1, cols, logp)
+        if entropy is not None:
+            entropy = entropy.new_zeros((ids.shape[0], width)).index_copy(1, cols, entropy)
     return logp, entropy
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters

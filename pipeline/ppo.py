@@ -51,8 +51,8 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     model.eval()
     out = []
     for b in range(0, len(prompts), batch_size):
-        ids, attn, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
-        logp, _ = token_logprobs(model, ids, attn)
+        ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
+        logp, _ = token_logprobs(model, ids, resp)
         logp = logp.cpu()
         for i in range(logp.shape[0]):
             out.append(logp[i][resp[i]])
@@ -74,8 +74,8 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
         order = torch.randperm(n, generator=gen).tolist()
         for b in range(0, n, cfg.minibatch_size):
             idx = order[b: b + cfg.minibatch_size]
-            ids, attn, resp = pad_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
-            logp, entropy = token_logprobs(model, ids, attn, with_entropy=cfg.entropy_coef > 0)
+            ids, _, resp = pad_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+            logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0)
             resp = resp.to(logp.device)
             old = torch.zeros_like(logp)
             old[resp] = torch.cat([old_logps[i] for i in idx]).to(logp.device)
@@ -90,12 +90,12 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                 ref[resp] = torch.cat([ref_logps[i] for i in idx]).to(logp.device)
                 kl = (low_var_kl(logp, ref) * m).sum() / denom
                 loss = loss + cfg.kl_coef * kl
-                kl_val = float(kl)
+                kl_val = kl.item()
             ent_val = 0.0
             if entropy is not None:
                 ent = (entropy * m).sum() / denom
                 loss = loss - cfg.entropy_coef * ent
-                ent_val = float(ent)
+                ent_val = ent.item()
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"PPO loss is {float(loss)} at epoch {epoch}, minibatch {b // cfg.minibatch_size}")
             optimizer.zero_grad(set_to_none=True)
@@ -106,7 +106,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                                      f"minibatch {b // cfg.minibatch_size}")
             optimizer.step()
             step += 1
-            for k, v in (("loss", float(loss)), ("pg_loss", float(pg_loss)), ("kl", kl_val), ("entropy", ent_val),
+            for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("kl", kl_val), ("entropy", ent_val),
                          ("clipfrac", info["clipfrac"]), ("approx_kl", info["approx_kl"]),
                          ("grad_norm", float(grad_norm))):
                 stats[k].append(v)

@@ -105,8 +105,8 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
         optimizer.zero_grad(set_to_none=True)
         prm.train()
         for b in range(0, len(prompts), cfg.batch_size):
-            ids, attn, resp = pad_batch(prompts[b: b + cfg.batch_size], responses[b: b + cfg.batch_size], pad_id)
-            logp, _ = token_logprobs(prm, ids, attn)
+            ids, _, resp = pad_batch(prompts[b: b + cfg.batch_size], responses[b: b + cfg.batch_size], pad_id)
+            logp, _ = token_logprobs(prm, ids, resp)
             seq = (logp * resp.to(logp.device)).sum(1)
             w = torch.as_tensor(per_turn[b: b + cfg.batch_size], dtype=seq.dtype, device=seq.device)
             (seq * w).sum().backward()

@@ -29,7 +29,7 @@ import torch
 
 from pipeline.config import WARMSTART_SEED_BASE, Params
 from pipeline.envs.base import make_env
-from pipeline.policy import encode_prompt, encode_response, pad_batch
+from pipeline.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.prompting import build_prompt, format_action
 
 
@@ -85,12 +85,10 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     for step in range(steps):
         encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
-        ids, attn, resp = pad_batch([encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
-                                    tokenizer.pad_token_id)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                reduction="none").view_as(resp)
-        loss = (nll * resp).sum() / resp.sum()
+        ids, _, resp = pad_batch([encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
+                                 tokenizer.pad_token_id)
+        logp, _ = token_logprobs(model, ids, resp)
+        loss = -(logp * resp).sum() / resp.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

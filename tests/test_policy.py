@@ -70,3 +70,27 @@ def test_init_stage_takes_the_given_folder(qwen_folder, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     model, tok = load_policy(tmp_path / "results/iter_0/checkpoint")
     assert model.config.model_type == "qwen2" and tok.chat_template == CHAT
+
+
+def test_token_logprobs_match_a_masked_full_forward_and_generation(qwen_folder):
+    """The fast path (no padding mask on a right-padded batch, LM head only on response columns) gives the same
+    log-probs and entropies as a full forward with a padding mask, and the same log-probs as sampling."""
+    from pipeline.policy import pad_batch, token_logprobs
+
+    model, tok = load_policy(qwen_folder)
+    prompts = [encode_prompt(tok, "hi"), encode_prompt(tok, "a much longer prompt than the first one")]
+    gens = generate(model, tok, prompts, 4, 1.0, seed=3)
+    ids, attn, resp = pad_batch(prompts, [g.response_ids for g in gens], tok.pad_token_id)
+    assert not attn.all()  # the batch is padded
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        ref_all = torch.log_softmax(logits, -1)
+        ref = ref_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        ref_ent = -(ref_all.exp() * ref_all).sum(-1)
+        for targets in (resp, None):
+            logp, ent = token_logprobs(model, ids, targets, with_entropy=True)
+            assert logp.shape == ent.shape == resp.shape
+            assert torch.allclose(logp[resp], ref[resp], atol=1e-5)
+            assert torch.allclose(ent[resp], ref_ent[resp], atol=1e-5)
+    for i, g in enumerate(gens):
+        assert torch.allclose(logp[i][resp[i]], torch.tensor(g.logprobs), atol=1e-4)

@@ -107,7 +107,7 @@ def test_oprl_gradient_through_chunks_equals_one_big_batch():
     from pipeline.policy import pad_batch, token_logprobs
 
     ids, attn, resp = pad_batch(prompts, responses, PAD)
-    logp, _ = token_logprobs(prm, ids, attn)
+    logp, _ = token_logprobs(prm, ids, resp)
     r = 0.5 * ((logp * resp).sum(1).double() - torch.tensor(old))
     S = episode_scores(r, torch.tensor(turn_ep), len(ep_group), "mean")
     loss, _ = pairwise_loss(S, torch.tensor(ep_group), torch.tensor(ep_success))
