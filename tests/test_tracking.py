@@ -1,0 +1,47 @@
+"""The stage tracker opens MLflow in a background thread: metrics logged while it opens still reach the child run
+and the parent, the timing split adds up, and a broken store degrades to a warning (issue 2, point 9)."""
+
+import json
+
+import pytest
+
+from pipeline.config import Params
+from pipeline.tracking import Tracker
+
+
+def test_metrics_logged_during_the_background_start_reach_child_and_parent(tmp_path, monkeypatch):
+    monkeypatch.setenv("CREDITRL_INVOCATION", "test-invocation")
+    p = Params()
+    with Tracker(p, "update", 3, root=tmp_path) as t:
+        t.log_metrics({"update/loss": 0.25}, step=3, parent=True)   # most likely before the start has finished
+        t.log_metrics({"update/other": 1.5})
+    with Tracker(p, "evaluate", 3, root=tmp_path) as t2:
+        t2.log_metrics({"eval/success_rate": 0.5}, step=3, parent=True)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(p.tracking.experiment)
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"update[3]", "evaluate[3]", next(n for n in runs if n.startswith("env "))}
+    parent = next(r for n, r in runs.items() if n.startswith("env "))
+    assert parent.data.metrics == {"update/loss": 0.25, "eval/success_rate": 0.5}   # one parent for both stages
+    child = runs["update[3]"]
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.metrics["update/loss"] == 0.25 and child.data.metrics["update/other"] == 1.5
+    assert child.info.status == "FINISHED" and child.data.params["update.lr"] == str(p.update.lr)
+    timing = [json.loads(line)["metrics"] for line in (tmp_path / "results/metrics/update_3.jsonl").read_text()
+              .splitlines()][-1]
+    assert timing["time/total_s"] == pytest.approx(
+        timing["time/startup_s"] + timing["time/tracking_s"] + timing["time/work_s"], abs=0.05)
+    assert not (tmp_path / "results/metrics/update_3.unsynced").exists()
+
+
+def test_a_broken_store_warns_and_marks_the_stage_unsynced(tmp_path, monkeypatch):
+    monkeypatch.setenv("CREDITRL_INVOCATION", "test-invocation")
+    (tmp_path / "mlflow.db").write_bytes(b"not a database" * 100)
+    with pytest.warns(UserWarning, match="MLflow tracking unavailable"):
+        with Tracker(Params(), "group", 1, root=tmp_path) as t:
+            t.log_metrics({"group/turns": 10.0})
+    assert (tmp_path / "results/metrics/group_1.unsynced").exists()
+    logged = [json.loads(line) for line in (tmp_path / "results/metrics/group_1.jsonl").read_text().splitlines()]
+    assert logged[0]["metrics"] == {"group/turns": 10.0}
