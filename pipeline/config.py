@@ -193,7 +193,9 @@ class UpdateConfig(Section):
 
 
 class EvaluateConfig(Section):
-    tasks: int = Field(128, ge=1, lt=SEEDS_PER_ITERATION, description="held-out tasks, one episode each")
+    tasks: int = Field(128, ge=1, lt=SEEDS_PER_ITERATION, description="held-out tasks")
+    episodes_per_task: int = Field(1, ge=1, le=64, description="sampled episodes per held-out task (more: less "
+                                   "noise in the success rate)")
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
 
 

@@ -21,16 +21,18 @@ from pipeline.tracking import Tracker
 
 
 def eval_specs(p) -> list[EpisodeSpec]:
-    return [EpisodeSpec(EVAL_SEED_BASE + j, j, j) for j in range(p.evaluate.tasks)]
+    k = p.evaluate.episodes_per_task
+    return [EpisodeSpec(EVAL_SEED_BASE + j, j, j * k + r) for j in range(p.evaluate.tasks) for r in range(k)]
 
 
 def optimal_moves(p, task_ids: list[int]) -> list[int]:
     env = make_env(p.env)
-    out = []
+    known: dict[int, int] = {}
     for t in task_ids:
-        env.reset(t)
-        out.append(int(env.solver().distance(env.state)))
-    return out
+        if t not in known:
+            env.reset(t)
+            known[t] = int(env.solver().distance(env.state))
+    return [known[t] for t in task_ids]
 
 
 def main(argv=None) -> None:
@@ -39,14 +41,15 @@ def main(argv=None) -> None:
     with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
         model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype)
         specs = eval_specs(p)
-        ctx.log(f"{len(specs)} held-out tasks, temperature {p.evaluate.temperature}")
+        ctx.log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
+                f"{p.evaluate.temperature}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.evaluate.temperature,
                                  seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
         faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
         episodes = steps.group_by("episode_id").agg(
             pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
             pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),
-        ).sort("task_id")
+        ).sort("task_id", "episode_id")
         episodes = episodes.with_columns(
             pl.lit(it, dtype=pl.Int32).alias("iteration"),
             pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),

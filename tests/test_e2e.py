@@ -35,10 +35,11 @@ def test_tables_match_their_schemas(run_dir):
         assert adv.height == steps.height and adv["advantage"].is_finite().all()
     for it in (0, 1, 2):
         ev = tables.read_table(run_dir / f"results/iter_{it}/eval.parquet", tables.EVAL_EPISODES)
-        assert ev.height == 4 and ev["iteration"].unique().to_list() == [it]
+        assert ev.height == 8 and ev["iteration"].unique().to_list() == [it]   # 4 tasks x 2 episodes
+        assert ev["task_id"].value_counts()["count"].to_list() == [2] * 4
         assert ev["task_id"].min() >= 900_000_000  # held-out seeds
         m = json.loads((run_dir / f"results/iter_{it}/eval_metrics.json").read_text())
-        assert m["episodes"] == 4 and 0 <= m["success_rate"] <= 1
+        assert m["episodes"] == 8 and m["success_rate"] == pytest.approx(ev["success"].mean())
         assert (run_dir / f"results/benchmarks/evaluate_{it}.tsv").is_file()
     curve = pl.read_csv(run_dir / "results/report/success_curve.csv")
     assert curve["iteration"].to_list() == [0, 1, 2]
