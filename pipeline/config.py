@@ -74,7 +74,7 @@ class PolicyConfig(Section):
 
 class WarmstartConfig(Section):
     episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
-    random_action_share: float = Field(0.7, ge=0.0, le=1.0, description="share of demonstration turns labelled "
+    random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")
     clean_steps: int = Field(600, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
