@@ -7,6 +7,8 @@ any other model folder (Qwen2.5-1.5B-Instruct, say). Nothing is downloaded: load
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +182,7 @@ def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None
     ids = ids.to(device)
     width = ids.shape[1] - 1
     cols = None
-    if targets is not None and _accepts_logits_to_keep(model):
+    if targets is not None and _accepts_logits_to_keep(type(model)):
         cols = targets.any(0).nonzero().squeeze(1).to(device)
         logits = model(input_ids=ids, logits_to_keep=cols).logits.float()
     else:
@@ -196,7 +198,7 @@ def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None
     return logp, entropy
 
 
-def _accepts_logits_to_keep(model) -> bool:
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+@functools.cache
+def _accepts_logits_to_keep(model_class: type) -> bool:
+    """Whether the model class's forward takes `logits_to_keep` (asked once per class, not every batch)."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
