@@ -75,16 +75,16 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str) -> dict
     out = {}
     if method == "oprl":
         cfg = params.credit.oprl
-        prm, _ = load_policy(ckpt(0), params.policy.dtype)
+        prm, _ = load_policy(ckpt(0), params.policy.dtype, params.runtime.device)
         opt = torch.optim.AdamW(prm.parameters(), lr=cfg.lr, weight_decay=0.0)
         for it in iterations:
             steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
-            old, _ = load_policy(ckpt(it - 1), params.policy.dtype)
+            old, _ = load_policy(ckpt(it - 1), params.policy.dtype, params.runtime.device)
             scores, _ = oprl_iteration(prm, old, opt, steps, cfg, pad)
             out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
     else:
         cfg = params.credit.spa
-        est = ProgressEstimator.from_policy(ckpt(0), params.policy.dtype)
+        est = ProgressEstimator.from_policy(ckpt(0), params.policy.dtype, params.runtime.device)
         opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr, weight_decay=0.0)
         replay = empty_table(REPLAY)
         for it in iterations:

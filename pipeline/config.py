@@ -207,6 +207,10 @@ class TrackingConfig(Section):
 
 class RuntimeConfig(Section):
     torch_threads: int = Field(0, ge=0, description="0: the cores given to the job by Snakemake, else all")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="where the models run: auto (cuda when torch sees a GPU, else cpu), cpu, cuda "
+                        "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "
+                        "use the same device")
 
 
 class FaultsConfig(Section):

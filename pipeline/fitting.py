@@ -54,7 +54,7 @@ def spa_iteration(est, optimizer, replay: pl.DataFrame, steps: pl.DataFrame, ite
     stats = train_progress(est, optimizer, replay["prompt_ids"].to_list(), replay["response_ids"].to_list(),
                            turn_episode, outcome, cfg, pad_id, seed=seed, progress=log)
     c = est.contributions(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), pad_id,
-                          cfg.batch_size).double()
+                          cfg.batch_size).double().cpu()
     if not torch.isfinite(c).all():
         raise ValueError(f"iteration {iteration}: the progress estimator gave non-finite contributions")
     cur_eps = steps["episode_id"].unique(maintain_order=True).to_list()

@@ -65,8 +65,24 @@ def build_tiny_model(tokenizer, cfg, seed: int):
     return LlamaForCausalLM(config)
 
 
-def load_policy(path: str | Path, dtype: str = "float32"):
-    """Load (model, tokenizer) from a local folder; a clear error when it is not a model folder."""
+def resolve_device(name: str = "auto") -> torch.device:
+    """`runtime.device` as a torch device: `auto` is cuda when torch sees a GPU, else cpu; asking for cuda where
+    there is none is an error rather than a silent fall-back to the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"runtime.device is {name!r}, but this torch ({torch.__version__}) sees no GPU; "
+                             "use auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"runtime.device is {name!r}, but torch sees {torch.cuda.device_count()} GPU(s)")
+    return device
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None):
+    """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
+    keeps the CPU); a clear error when it is not a model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -77,6 +93,8 @@ def load_policy(path: str | Path, dtype: str = "float32"):
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if device is not None:
+        model.to(resolve_device(device) if isinstance(device, str) else device)
     return model, tokenizer
 
 

@@ -137,19 +137,26 @@ class ProgressEstimator(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_policy(cls, path: str | Path, dtype: str = "float32") -> ProgressEstimator:
+    def from_policy(cls, path: str | Path, dtype: str = "float32",
+                    device: str | torch.device | None = None) -> ProgressEstimator:
         from transformers import AutoModel
 
+        from pipeline.policy import resolve_device
+
         body = AutoModel.from_pretrained(Path(path), local_files_only=True, dtype=DTYPES[dtype])
-        return cls(body, body.config.hidden_size).to(torch.float32 if dtype == "float32" else DTYPES[dtype])
+        est = cls(body, body.config.hidden_size).to(torch.float32 if dtype == "float32" else DTYPES[dtype])
+        if device is not None:
+            est.to(resolve_device(device) if isinstance(device, str) else device)
+        return est
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str = "float32") -> ProgressEstimator:
+    def load(cls, path: str | Path, dtype: str = "float32", device: str | torch.device | None = None
+             ) -> ProgressEstimator:
         path = Path(path)
         if not (path / HEAD_FILE).is_file():
             raise FileNotFoundError(f"{path}: not a progress estimator ({HEAD_FILE} missing)")
-        est = cls.from_policy(path, dtype)
-        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True))
+        est = cls.from_policy(path, dtype, device)
+        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True, map_location="cpu"))
         return est
 
     def save(self, path: str | Path) -> None:
@@ -177,8 +184,8 @@ class ProgressEstimator(torch.nn.Module):
 
 def spa_loss(c: torch.Tensor, turn_episode: torch.Tensor, outcome: torch.Tensor) -> torch.Tensor:
     """SPA's loss (credit-assignment.md, SPA): mean over episodes of `(Σ_t c_t − R_final(τ))²`."""
-    total = torch.zeros(len(outcome), dtype=c.dtype).index_add(0, turn_episode, c)
-    return ((total - outcome.to(c.dtype)) ** 2).mean()
+    total = torch.zeros(len(outcome), dtype=c.dtype, device=c.device).index_add(0, turn_episode.to(c.device), c)
+    return ((total - outcome.to(device=c.device, dtype=c.dtype)) ** 2).mean()
 
 
 def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,

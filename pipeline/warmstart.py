@@ -91,6 +91,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
         ids, _, resp = pad_batch([encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
                                  tokenizer.pad_token_id)
         logp, _ = token_logprobs(model, ids, resp)
+        resp = resp.to(logp.device)
         loss = -(logp * resp).sum() / resp.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()

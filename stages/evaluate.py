@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     ctx = parse_args("evaluate", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
-        model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype)
+        model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype, p.runtime.device)
         specs = eval_specs(p)
         ctx.log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
                 f"{p.evaluate.temperature}")

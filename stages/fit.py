@@ -34,7 +34,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 def _optimizer(model, prev_dir, lr: float):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     if (prev_dir / OPTIMIZER_FILE).is_file():
-        opt.load_state_dict(torch.load(prev_dir / OPTIMIZER_FILE, weights_only=True))
+        opt.load_state_dict(torch.load(prev_dir / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
         for g in opt.param_groups:
             g["lr"] = lr
     return opt
@@ -45,9 +45,9 @@ def fit_oprl(ctx, steps: pl.DataFrame, tracker) -> pl.DataFrame:
     from pipeline.policy import load_policy
 
     p, cfg = ctx.params, ctx.params.credit.oprl
-    old_model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype)
+    old_model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype, p.runtime.device)
     prm_dir = ctx.path(PREV_REWARD_MODEL)
-    prm, _ = load_policy(prm_dir, p.policy.dtype)
+    prm, _ = load_policy(prm_dir, p.policy.dtype, p.runtime.device)
     ctx.log(f"scoring {steps.height} turns with the rollout policy and the PRM of iteration {ctx.iteration - 1}")
     optimizer = _optimizer(prm, prm_dir, cfg.lr)
     scores, stats = oprl_iteration(prm, old_model, optimizer, steps, cfg, tokenizer.pad_token_id, ctx.log)
@@ -71,7 +71,7 @@ def fit_spa(ctx, steps: pl.DataFrame, tracker) -> pl.DataFrame:
     prev_dir = ctx.path(PREV_REWARD_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(prev_dir, local_files_only=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    est = ProgressEstimator.load(prev_dir, p.policy.dtype)
+    est = ProgressEstimator.load(prev_dir, p.policy.dtype, p.runtime.device)
     replay = read_table(ctx.path(PREV_REPLAY), REPLAY_SCHEMA)
     optimizer = _optimizer(est, prev_dir, cfg.lr)
     scores, replay, stats = spa_iteration(est, optimizer, replay, steps, it, cfg, pad,

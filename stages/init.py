@@ -7,7 +7,7 @@ model folder's weights and tokenizer as iteration 0's checkpoint (nothing is dow
 
 from __future__ import annotations
 
-from pipeline.policy import build_tiny_model, load_policy, train_tokenizer
+from pipeline.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
 from pipeline.registry import STAGE_BY_NAME, strip_dir
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import atomic_dir
@@ -22,14 +22,14 @@ def main(argv=None) -> None:
     with stage_errors(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
             ctx.log(f"loading local model folder {p.policy.path}")
-            model, tokenizer = load_policy(p.policy.path, p.policy.dtype)
+            model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device)
             metrics = {}
         else:
             ctx.log("training the tokenizer on environment text")
             tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size)
-            model = build_tiny_model(tokenizer, p.policy.tiny, p.seed)
+            model = build_tiny_model(tokenizer, p.policy.tiny, p.seed).to(resolve_device(p.runtime.device))
             n_params = sum(x.numel() for x in model.parameters())
-            ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}")
+            ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}, on {model.device}")
             pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed)
             ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
             losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,

@@ -34,7 +34,7 @@ def main(argv=None) -> None:
     ctx = parse_args("rollout", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "rollout", it) as tracker:
-        model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype)
+        model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype, p.runtime.device)
         specs = training_specs(p, it)
         ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.rollout.temperature,

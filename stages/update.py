@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "update", it) as tracker:
         prev = ctx.path(PREV_CHECKPOINT)
-        model, tokenizer = load_policy(prev, p.policy.dtype)
+        model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device)
         steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
             "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
         adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)
@@ -54,12 +54,12 @@ def main(argv=None) -> None:
                     "logprob_mismatch_abs_max": float((engine - recomputed).abs().max())}
         ref = None
         if p.update.kl_coef > 0:
-            ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype)
+            ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype, p.runtime.device)
             ref = sequence_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size)
             del ref_model
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.update.lr, weight_decay=p.update.weight_decay)
         if (prev / OPTIMIZER_FILE).is_file():
-            optimizer.load_state_dict(torch.load(prev / OPTIMIZER_FILE, weights_only=True))
+            optimizer.load_state_dict(torch.load(prev / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
             for group in optimizer.param_groups:
                 group["lr"] = p.update.lr
                 group["weight_decay"] = p.update.weight_decay

@@ -38,6 +38,7 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     ({"policy": {"tiny": {"hidden_size": 30, "num_attention_heads": 4}}}, "must be divisible"),
     ({"env": {"name": "chess"}}, "key 'env.name'"),
     ({"warmstart": {"random_action_share": 1.2}}, "key 'warmstart.random_action_share'"),
+    ({"runtime": {"device": "gpu"}}, "key 'runtime.device'"),
 ])
 def test_bad_params_name_the_key(tmp_path, data, fragment):
     path = write(tmp_path, data)

@@ -10,7 +10,8 @@ import yaml
 
 from pipeline.config import Params, TinyModelConfig
 from pipeline.envs.base import make_env
-from pipeline.policy import encode_prompt, encode_response, generate, load_policy, render_prompt, train_tokenizer
+from pipeline.policy import (encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device,
+                             train_tokenizer)
 from pipeline.rollout import EpisodeSpec, play_episodes
 from pipeline.warmstart import tokenizer_corpus
 
@@ -60,6 +61,22 @@ def test_local_folder_with_chat_template(qwen_folder):
                           max_new_tokens=4, temperature=1.0, batch_size=4, seed=0)
     assert steps.height == p.env.max_turns or steps["terminated"].any()
     assert steps["prompt"][0].startswith("Sokoban.")
+
+
+def test_runtime_device_resolves_and_refuses_a_missing_gpu(qwen_folder, monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="runtime.device is 'cuda:1', but this torch .* sees no GPU"):
+        resolve_device("cuda:1")
+    model, _ = load_policy(qwen_folder, device="auto")
+    assert model.device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="runtime.device is 'cuda:1', but torch sees 1 GPU"):
+        resolve_device("cuda:1")
 
 
 def test_init_stage_takes_the_given_folder(qwen_folder, tmp_path):
