@@ -34,7 +34,6 @@ from pipeline.config import METHODS, load_params
 from pipeline.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
 def _workflow(d: Path) -> None:
@@ -55,8 +54,8 @@ def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:
 
 def _snakemake(d: Path, cores: int, *targets: str) -> None:
     t0 = time.perf_counter()
-    r = subprocess.run([SNAKEMAKE, *targets, "--cores", str(cores), "--quiet"], cwd=d, capture_output=True,
-                       text=True)
+    r = subprocess.run([sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), "--quiet"], cwd=d,
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"snakemake failed in {d} (see {d / 'results/logs'}):\n{r.stderr[-3000:]}")
     print(f"  {d.name}: {' '.join(targets) or 'all'} in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -66,19 +65,27 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
     base = yaml.safe_load(params_file.read_text()) or {}
     load_params(params_file)                                     # validate before any work
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
-    for seed in seeds:
+
+    def base_run(seed: int) -> None:
         seed_dir = work / f"base_s{seed}"
         _workflow(seed_dir)
         (seed_dir / "params.yaml").write_text(yaml.safe_dump(_params(base, "grpo", seed, uri)))
-        _snakemake(seed_dir, cores * jobs, "results/iter_1/groups.parquet", "results/iter_0/eval.parquet")
+        _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
+                   "results/iter_0/eval.parquet")
         for m in methods:
             d = work / f"{m}_s{seed}"
             if not (d / "results" / "iter_1" / "steps.parquet").exists():
                 shutil.copytree(seed_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
             (d / "params.yaml").write_text(yaml.safe_dump(_params(base, m, seed, uri)))
+
     runs = [work / f"{m}_s{s}" for s in seeds for m in methods]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda d: _snakemake(d, cores), runs))
+        list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
+        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
+    failed = {d.name: f.exception() for d, f in futures.items() if f.exception() is not None}
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
+            f"{name}: {str(e).splitlines()[0]}" for name, e in failed.items()))
 
 
 def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
