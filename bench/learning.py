@@ -2,6 +2,7 @@
 
     python -m bench.learning                                   # 6 methods x 3 seeds on params.yaml (hours on CPU)
     python -m bench.learning --methods grpo gigpo --seeds 0 1 2 --params params.yaml --jobs 2
+    python -m bench.learning --params gpu.yaml --jobs 18 --cores 1            # 18 runs side by side on a GPU machine
 
 For each seed, one base run makes the initial policy and iteration 1's rollouts and groups
 (`snakemake results/iter_1/groups.parquet`); every method then continues from a copy of it, so the methods
