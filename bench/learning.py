@@ -83,7 +83,8 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
         futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
-    failed = {d.name: f.exception() for d, f in futures.items() if f.exception() is not None}
+    errors = {d.name: f.exception() for d, f in futures.items()}
+    failed = {name: e for name, e in errors.items() if e is not None}
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
             f"{name}: {str(e).splitlines()[0]}" for name, e in failed.items()))

@@ -65,9 +65,9 @@ def build_tiny_model(tokenizer, cfg, seed: int):
     return LlamaForCausalLM(config)
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    """`runtime.device` as a torch device: `auto` is cuda when torch sees a GPU, else cpu; asking for cuda where
-    there is none is an error rather than a silent fall-back to the CPU."""
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """`runtime.device` (or a torch device) as a torch device: `auto` is cuda when torch sees a GPU, else cpu;
+    asking for cuda where there is none is an error rather than a silent fall-back to the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -94,7 +94,7 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
-        model.to(resolve_device(device) if isinstance(device, str) else device)
+        model.to(resolve_device(device))
     return model, tokenizer
 
 

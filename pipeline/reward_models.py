@@ -144,10 +144,9 @@ class ProgressEstimator(torch.nn.Module):
         from pipeline.policy import resolve_device
 
         body = AutoModel.from_pretrained(Path(path), local_files_only=True, dtype=DTYPES[dtype])
-        est = cls(body, body.config.hidden_size).to(torch.float32 if dtype == "float32" else DTYPES[dtype])
-        if device is not None:
-            est.to(resolve_device(device) if isinstance(device, str) else device)
-        return est
+        return cls(body, body.config.hidden_size).to(
+            device=None if device is None else resolve_device(device),
+            dtype=torch.float32 if dtype == "float32" else DTYPES[dtype])
 
     @classmethod
     def load(cls, path: str | Path, dtype: str = "float32", device: str | torch.device | None = None
