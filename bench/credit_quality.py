@@ -3,12 +3,15 @@
     python -m bench.credit_quality                          # the rollouts of results/ (a finished default run)
     python -m bench.credit_quality --run RUN_DIR --params RUN_DIR/params.yaml --out results/bench
 
-One fixed set of step tables (every iteration of one run) goes through every estimator. OPRL's PRM and SPA's
-estimator are replayed over the run's iterations in order, from its initial checkpoint, exactly as the fit stage
-would have trained them (`pipeline.fitting`). Each turn is labelled by the oracle of credit-assignment.md (Oracle
+One fixed set of step tables (every iteration of one run) goes through every estimator. The learned step-reward
+models (OPRL's PRM, SPA's estimator) are replayed over the run's iterations in order, from its initial checkpoint,
+exactly as the fit stage would have trained them (`pipeline.methods.reward_model.fit_iteration`); `--set
+credit.oprl.lr=2e-4` and the like try other settings on the same rollouts. Each turn is labelled by the oracle of credit-assignment.md (Oracle
 credit): good when d(s_{t+1}) < d(s_t), bad when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact BFS
 distance to solved. The score is the ROC-AUC of the per-turn advantage for separating good from bad turns, plus the
-share of turns each method gives a non-zero step-level signal. Writes credit_quality.csv and .png.
+share of turns each method gives a non-zero step-level signal, over all iterations and per iteration. Writes
+credit_quality.csv, credit_quality_by_iteration.csv, credit_quality_fit.csv (the fit statistics per iteration:
+losses, the PRM's drift) and credit_quality.png.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.config import METHODS, load_params
-from pipeline.credit import compute_advantages
+from pipeline.config import METHODS, load_params, with_overrides
+from pipeline.methods import METHODS as METHOD_REGISTRY
+from pipeline.methods import compute_advantages
 from pipeline.envs.sokoban import ACTIONS, Solver, parse_grid
 from pipeline.grouping import build_groups, hgpo_depth
 from pipeline.prompting import parse_action
@@ -59,44 +63,40 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[labels == 1].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
-def fitted_scores(run: Path, params, iterations: list[int], method: str) -> dict[int, pl.DataFrame]:
-    """Replay the fit stage of `method` (oprl or spa) over the run's iterations, from its initial policy."""
-    import torch
-    from transformers import AutoTokenizer
+def fitted_scores(run: Path, params, iterations: list[int], method: str
+                  ) -> tuple[dict[int, pl.DataFrame], list[dict]]:
+    """Replay the fit stage of `method` (one with a step-reward model) over the run's iterations, from its initial
+    policy, exactly as the fit stage calls it; returns the scores per iteration and the fit statistics."""
+    from pipeline.methods.reward_model import fit_iteration
 
-    from pipeline.fitting import oprl_iteration, spa_iteration
-    from pipeline.policy import load_policy
-    from pipeline.reward_models import ProgressEstimator
-    from pipeline.tables import REPLAY, empty_table
-
+    model = METHOD_REGISTRY[method].reward_model
+    p = params.model_copy(update={"credit": params.credit.model_copy(update={"method": method})})
     ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
-    tokenizer = AutoTokenizer.from_pretrained(ckpt(0), local_files_only=True)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = {}
-    if method == "oprl":
-        cfg = params.credit.oprl
-        prm, _ = load_policy(ckpt(0), params.policy.dtype, params.runtime.device)
-        opt = torch.optim.AdamW(prm.parameters(), lr=cfg.lr, weight_decay=0.0)
-        for it in iterations:
-            steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
-            old, _ = load_policy(ckpt(it - 1), params.policy.dtype, params.runtime.device)
-            scores, _ = oprl_iteration(prm, old, opt, steps, cfg, pad)
-            out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
-    else:
-        cfg = params.credit.spa
-        est = ProgressEstimator.from_policy(ckpt(0), params.policy.dtype, params.runtime.device)
-        opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr, weight_decay=0.0)
-        replay = empty_table(REPLAY)
-        for it in iterations:
-            steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
-            scores, replay, _ = spa_iteration(est, opt, replay, steps, it, cfg, pad, seed=params.seed * 7919 + 17 * it)
-            out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
-    return out
+    state = model.init(ckpt(0), p)
+    out, stats = {}, []
+    for it in iterations:
+        steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
+        scores, s = fit_iteration(model, state, steps, ckpt(it - 1), ckpt(0), it, p)
+        out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
+        stats.append({"method": method, "iteration": it, **s})
+        print(f"  {method} fit, iteration {it}: " + ", ".join(f"{k} {v:.4g}" for k, v in s.items()), flush=True)
+    return out, stats
 
 
-def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True) -> pl.DataFrame:
-    params = load_params(params_file)
+def score_advantages(adv: pl.DataFrame) -> dict[str, float]:
+    judged = adv.filter(pl.col("good").is_not_null())
+    labels = judged["good"].to_numpy()
+    return {"auc": roc_auc(judged["advantage"].to_numpy(), labels),
+            "auc_step_term": roc_auc(judged["step_advantage"].to_numpy(), labels),
+            "share_nonzero_step_signal": float((adv["step_advantage"] != 0).mean()) if adv.height else 0.0,
+            "turns": adv.height}
+
+
+def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
+        sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
+    params = with_overrides(load_params(params_file), list(sets))
     iterations = sorted(int(p.parent.name.split("_")[1]) for p in run_dir.glob("iter_*/steps.parquet"))
+    iterations = [i for i in iterations if last is None or i <= last]
     if not iterations:
         raise FileNotFoundError(f"{run_dir}: no iter_*/steps.parquet; run the pipeline first")
     if iterations != list(range(1, iterations[-1] + 1)):
@@ -111,29 +111,35 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     n_bad = int((labelled["good"] == 0).sum())
     print(f"{labelled.height} turns of iterations {iterations[0]}..{iterations[-1]}: {n_good} good, {n_bad} bad, "
           f"{labelled.height - n_good - n_bad} neutral", flush=True)
-    rows = []
+    rows, by_iteration, fit_stats = [], [], []
     for method in methods:
-        scores = fitted_scores(run_dir, params, iterations, method) if method in ("oprl", "spa") else {}
+        scores = {}
+        if METHOD_REGISTRY[method].fits:
+            scores, s = fitted_scores(run_dir, params, iterations, method)
+            fit_stats.extend(s)
         cfg = params.credit.model_copy(update={"method": method})
         parts = []
         for it, table in tables.items():
             t = table.join(scores[it], on=["episode_id", "step"]) if scores else table
-            adv = compute_advantages(t, cfg)
-            parts.append(adv.join(t.select("episode_id", "step", "good"), on=["episode_id", "step"]))
-        adv = pl.concat(parts)
-        judged = adv.filter(pl.col("good").is_not_null())
-        auc = roc_auc(judged["advantage"].to_numpy(), judged["good"].to_numpy())
-        auc_step = roc_auc(judged["step_advantage"].to_numpy(), judged["good"].to_numpy())
-        rows.append({"method": method, "auc": auc, "auc_step_term": auc_step,
-                     "share_nonzero_step_signal": float((adv["step_advantage"] != 0).mean()),
-                     "turns": adv.height, "good": n_good, "bad": n_bad})
-        print(f"{method:>6}: ROC-AUC {auc:.3f} (step term alone {auc_step:.3f}), non-zero step signal on "
-              f"{rows[-1]['share_nonzero_step_signal']:.0%} of turns", flush=True)
+            adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", "good"), on=["episode_id", "step"])
+            by_iteration.append({"method": method, "iteration": it, **score_advantages(adv)})
+            parts.append(adv)
+        rows.append({"method": method, **score_advantages(pl.concat(parts)), "good": n_good, "bad": n_bad})
+        per_it = ", ".join(f"{r['auc_step_term']:.3f}" for r in by_iteration if r["method"] == method)
+        print(f"{method:>6}: ROC-AUC {rows[-1]['auc']:.3f} (step term alone {rows[-1]['auc_step_term']:.3f}; by "
+              f"iteration {per_it}), non-zero step signal on {rows[-1]['share_nonzero_step_signal']:.0%} of turns",
+              flush=True)
     df = pl.DataFrame(rows)
+    per_it_df = pl.DataFrame(by_iteration)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "credit_quality.csv", df.write_csv())
-    plot(df, out_dir / "credit_quality.png", f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
-    print(f"wrote {out_dir / 'credit_quality.csv'} and {out_dir / 'credit_quality.png'}")
+    files = [out_dir / "credit_quality.csv", out_dir / "credit_quality_by_iteration.csv", out_dir / "credit_quality.png"]
+    write_text_atomic(files[0], df.write_csv())
+    write_text_atomic(files[1], per_it_df.write_csv())
+    if fit_stats:
+        files.append(out_dir / "credit_quality_fit.csv")
+        write_text_atomic(files[-1], pl.DataFrame(fit_stats, infer_schema_length=None).write_csv())
+    plot(df, per_it_df, files[2], f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
+    print("wrote " + ", ".join(str(f) for f in files))
     if log:
         from bench import log_run
 
@@ -143,29 +149,40 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
                             f"{r['method']}_share_nonzero_step_signal": r["share_nonzero_step_signal"]})
         log_run("credit_quality", {"run": str(run_dir.resolve()), "params": str(params_file.resolve()),
                                    "iterations": f"{iterations[0]}-{iterations[-1]}", "turns": labelled.height,
-                                   "good": n_good, "bad": n_bad},
-                {k: v for k, v in metrics.items() if not math.isnan(v)},
-                [out_dir / "credit_quality.csv", out_dir / "credit_quality.png"])
+                                   "good": n_good, "bad": n_bad, "set": " ".join(sets)},
+                {k: v for k, v in metrics.items() if not math.isnan(v)}, files)
     return df
 
 
-def plot(df: pl.DataFrame, path: Path, subtitle: str) -> None:
+def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=120)
     x = np.arange(df.height)
-    axes[0].bar(x, df["auc"].fill_nan(0.5).to_numpy(), color="tab:blue")
-    axes[0].axhline(0.5, color="grey", lw=0.8, ls="--")
-    axes[0].set_ylim(0.3, 1.0)
+    axes[0].bar(x - 0.2, df["auc"].fill_nan(0.5).to_numpy(), width=0.4, color="tab:blue", label="advantage")
+    axes[0].bar(x + 0.2, df["auc_step_term"].fill_nan(0.5).to_numpy(), width=0.4, color="tab:green",
+                label="step term alone")
     axes[0].set_ylabel("ROC-AUC vs oracle (good vs bad turns)")
-    axes[1].bar(x, df["share_nonzero_step_signal"].to_numpy(), color="tab:orange")
-    axes[1].set_ylim(0, 1)
-    axes[1].set_ylabel("share of turns with a step-level signal")
-    for ax in axes:
+    axes[0].legend(fontsize=7)
+    for method in per_it["method"].unique(maintain_order=True).to_list():
+        d = per_it.filter(pl.col("method") == method)
+        if d["share_nonzero_step_signal"].max() > 0:
+            axes[1].plot(d["iteration"], d["auc_step_term"].fill_nan(0.5), marker="o", label=method)
+    axes[1].set_xlabel("iteration")
+    axes[1].set_ylabel("ROC-AUC of the step term")
+    axes[1].legend(fontsize=7)
+    for ax in axes[:2]:
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_ylim(0.2, 1.0)
+    axes[2].bar(x, df["share_nonzero_step_signal"].to_numpy(), color="tab:orange")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_ylabel("share of turns with a step-level signal")
+    for ax in (axes[0], axes[2]):
         ax.set_xticks(x, df["method"].to_list())
+    for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Credit quality on identical rollouts ({subtitle})", fontsize=9)
     fig.tight_layout()
@@ -181,9 +198,13 @@ def main(argv=None) -> None:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the params file of that run")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a params key for this benchmark, e.g. credit.oprl.lr=2e-4 (repeatable)")
+    ap.add_argument("--last-iteration", type=int, default=None, help="use iterations 1..N of the run only")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     args = ap.parse_args(argv)
-    run(args.run, args.params, args.out, args.methods, log=not args.no_mlflow)
+    run(args.run, args.params, args.out, args.methods, log=not args.no_mlflow, sets=args.set,
+        last=args.last_iteration)
 
 
 if __name__ == "__main__":

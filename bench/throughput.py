@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.config import CreditConfig, METHODS
-from pipeline.credit import compute_advantages
+from pipeline.methods import compute_advantages
 from pipeline.grouping import build_groups
 from pipeline.reference import gigpo_reference
 from pipeline.tables import write_text_atomic
@@ -92,10 +92,11 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
         rows.append({"turns": n, "what": "group+gigpo", "seconds": t_group + gigpo_s,
                      "turns_per_s": n / (t_group + gigpo_s)})
         if n <= reference_max:
-            cfg = CreditConfig(method="gigpo").gigpo
+            credit = CreditConfig(method="gigpo")
+            cfg, ep = credit.gigpo, credit.episode
             records = steps.select("episode_id", "step", "task_group", "anchor", "reward", "action_valid").to_dicts()
-            t_ref, ref = timed(lambda: gigpo_reference(records, cfg.mode, cfg.episode_stats, cfg.gamma,
-                                                       cfg.step_advantage_w, 0.1), 1)
+            t_ref, ref = timed(lambda: gigpo_reference(records, ep.mode, cfg.mode, ep.episode_stats, cfg.gamma,
+                                                       cfg.step_advantage_w, credit.invalid_penalty), 1)
             got = results["gigpo"]
             diff = max(abs(a - ref[(e, s)]) for e, s, a in zip(got["episode_id"].to_list(), got["step"].to_list(),
                                                                   got["advantage"].to_list(), strict=True))

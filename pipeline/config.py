@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
+
+from pipeline.methods import METHODS as METHOD_REGISTRY
+from pipeline.methods import EpisodeConfig, Method
+from pipeline.schema import Section
 
 # Seed ranges keep the held-out evaluation tasks disjoint from training and warm-start tasks.
 TRAIN_SEED_BASE = 0
 WARMSTART_SEED_BASE = 800_000_000
 EVAL_SEED_BASE = 900_000_000
 SEEDS_PER_ITERATION = 1_000_000
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class LoopConfig(Section):
@@ -90,94 +90,35 @@ class RolloutConfig(Section):
     batch_size: int = Field(256, ge=1, description="episodes generated together")
 
 
-Mode = Literal["mean_std_norm", "mean_norm"]
-EpisodeStats = Literal["per_episode", "per_turn"]
+METHODS: tuple[str, ...] = tuple(METHOD_REGISTRY)       # the registered credit methods, in listing order
+FIT_METHODS = tuple(n for n, m in METHOD_REGISTRY.items() if m.fits)  # with a learned step reward (fit stage)
 
 
-class GrpoConfig(Section):
-    """credit-assignment.md, GRPO (episode level only)."""
-    mode: Mode = "mean_std_norm"
-    episode_stats: EpisodeStats = "per_episode"
+class _CreditBase(Section):
+    method: Literal[METHODS] = Field("grpo", description="advantage estimator (credit-assignment.md)")
+    invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's final advantage, "
+                                   "after every normalisation (credit-assignment.md, Invalid actions)")
+    episode: EpisodeConfig = Field(EpisodeConfig(), description="the episode-level term A^E every method with one "
+                                   "shares (credit-assignment.md, Episode level, shared)")
 
+    @property
+    def method_def(self) -> Method:
+        return METHOD_REGISTRY[self.method]
 
-class RlooConfig(Section):
-    """credit-assignment.md, RLOO: leave-one-out baseline over the task group's episodes; no knobs."""
-
-
-class GigpoConfig(Section):
-    """credit-assignment.md, GiGPO: episode level as GRPO plus a step level over anchor-state groups."""
-    mode: Mode = Field("mean_norm", description="normalisation of both levels")
-    episode_stats: EpisodeStats = "per_episode"
-    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the step-level return G_t")
-    step_advantage_w: float = Field(1.0, ge=0.0, description="weight ω of the step-level advantage")
-    similarity_threshold: float | None = Field(
-        None, gt=0.0, le=1.0, description="null: exact anchors; else greedy clustering of anchors whose "
-        "difflib ratio to a cluster's first member is at least this (0.95 in the paper)")
-
-
-class HgpoConfig(Section):
-    """credit-assignment.md, HGPO: groups keyed by the last k anchors, k = 1..depth."""
-    mode: Mode = Field("mean_std_norm", description="normalisation within each key group")
-    std: Literal["population", "unbiased"] = Field("population", description="std of mean_std_norm")
-    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of G_t")
-    alpha: float = Field(1.0, description="w_k ∝ (k+1)^alpha")
-    depth: int | None = Field(None, ge=1, le=21, description="deepest key K+1; null: prompt.history_turns + 1")
-    base_group: bool = Field(False, description="add the episode-level A^E as a k = 0 term of weight 1")
-    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E when base_group is on")
-    episode_stats: EpisodeStats = "per_episode"
-
-
-class OprlConfig(Section):
-    """credit-assignment.md, OPRL: implicit PRM step rewards."""
-    beta: float = Field(0.05, gt=0.0, description="β of the implicit reward")
-    score: Literal["sum", "mean"] = Field("sum", description="episode score S: sum (paper) or mean over turns")
-    score_with: Literal["before", "after"] = Field("before", description="PRM that scores the turns: as before "
-                                                   "or after this iteration's update")
-    alpha: float = Field(1.0, ge=0.0, description="weight of the step-level advantage")
-    lr: float = Field(1e-6, gt=0.0, description="PRM AdamW learning rate")
-    steps: int = Field(1, ge=0, description="PRM optimiser steps per iteration")
-    grad_clip: float = Field(10.0, gt=0.0)
-    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
-    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E")
-    episode_stats: EpisodeStats = "per_episode"
-
-
-class SpaConfig(Section):
-    """credit-assignment.md, SPA: a progress estimator whose turn contributions sum to the outcome."""
-    progress_w: float = Field(1.0, ge=0.0)
-    grounding_w: float = Field(0.5, ge=0.0)
-    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the SPA step return")
-    step_advantage_w: float = Field(1.0, ge=0.0, description="weight ω of the step-level advantage")
-    replay_iterations: int = Field(3, ge=1, description="recent iterations the estimator trains on")
-    lr: float = Field(1e-3, gt=0.0, description="estimator AdamW learning rate")
-    epochs: int = Field(2, ge=0, description="passes over the replay per iteration")
-    episodes_per_batch: int = Field(16, ge=1, description="episodes per optimiser step")
-    grad_clip: float = Field(1.0, gt=0.0)
-    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
-    episode_mode: Mode = Field("mean_std_norm", description="normalisation of A^E")
-    episode_stats: EpisodeStats = "per_episode"
-
-
-METHODS = ("grpo", "rloo", "gigpo", "hgpo", "oprl", "spa")
-FIT_METHODS = ("oprl", "spa")  # methods with a learned step-reward model (the fit stage)
-
-
-class CreditConfig(Section):
-    method: Literal["grpo", "rloo", "gigpo", "hgpo", "oprl", "spa"] = Field(
-        "grpo", description="advantage estimator (credit-assignment.md)")
-    invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's scores")
-    grpo: GrpoConfig = GrpoConfig()
-    rloo: RlooConfig = RlooConfig()
-    gigpo: GigpoConfig = GigpoConfig()
-    hgpo: HgpoConfig = HgpoConfig()
-    oprl: OprlConfig = OprlConfig()
-    spa: SpaConfig = SpaConfig()
+    @property
+    def section(self) -> Section:
+        """The chosen method's own section (its step-level keys)."""
+        return getattr(self, self.method)
 
     @property
     def needs_fit(self) -> bool:
-        return self.method in FIT_METHODS
+        return self.method_def.fits
+
+
+# `credit.<method>` for every registered method: each method module declares its own section.
+CreditConfig = create_model(
+    "CreditConfig", __base__=_CreditBase, __doc__="credit-assignment.md: the method and every method's section",
+    **{name: (m.config, Field(m.config(), description=m.summary)) for name, m in METHOD_REGISTRY.items()})
 
 
 class UpdateConfig(Section):
@@ -253,6 +194,15 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(x) for x in loc) if loc else "(top level)"
 
 
+def _moved(loc: tuple) -> str:
+    """A hint for the episode-level keys that moved from the methods' sections to `credit.episode`."""
+    if len(loc) == 3 and loc[0] == "credit" and loc[1] in METHODS and (
+            loc[2] in ("episode_mode", "episode_stats") or (loc[1] == "grpo" and loc[2] == "mode")):
+        key = "mode" if loc[2] in ("mode", "episode_mode") else "episode_stats"
+        return f"; the episode level is shared by every method now: set credit.episode.{key}"
+    return ""
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.is_file():
@@ -270,12 +220,34 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         for err in e.errors():
             loc = _format_loc(err["loc"])
             if err["type"] == "extra_forbidden":
-                problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)")
+                problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)"
+                                + _moved(err["loc"]))
             else:
                 got = err.get("input")
                 got_s = "" if isinstance(got, dict) else f", got {got!r}"
                 problems.append(f"key '{loc}': {err['msg']}{got_s}")
         raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
+
+
+def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Params:
+    """`params` with dotted `KEY=VALUE` overrides (values parsed as YAML), validated like a params file."""
+    data = params.model_dump()
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ParamsError(f"{where} {item!r}: expected KEY=VALUE, e.g. credit.oprl.lr=2e-4")
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise ParamsError(f"{where} {item!r}: key '{key}' is not in the schema (no section '{part}')")
+            node = node[part]
+        node[leaf] = yaml.safe_load(value)
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(f"{where}: invalid overrides: " + "; ".join(
+            f"key '{_format_loc(err['loc'])}': {err['msg']}" for err in e.errors())) from None
 
 
 def params_dict(params: Params) -> dict:

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pipeline.precision import DTYPES, autocast, mark
+
 EOS = "<eos>"
 PAD = "<pad>"
 GRID_SYMBOLS = r"[#_.$*@+\n0-9]"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int):
@@ -80,9 +81,13 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     return device
 
 
-def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None):
+def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
+                train: bool = False):
     """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
-    keeps the CPU); a clear error when it is not a model folder."""
+    keeps the CPU); a clear error when it is not a model folder.
+
+    `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.precision`); otherwise the
+    weights themselves are cast to `dtype` (sampling)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -91,8 +96,11 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                 dtype=torch.float32 if train else DTYPES[dtype])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if train:
+        mark(model, dtype)
     if device is not None:
         model.to(resolve_device(device))
     return model, tokenizer
@@ -187,8 +195,11 @@ def pad_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id
     return ids, attn, resp
 
 
-def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None, with_entropy: bool = False):
-    """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there.
+def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None, with_entropy: bool = False,
+                   temperature: float = 1.0):
+    """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there, under
+    the distribution softmax(logits / `temperature`): the one the sampler drew from (credit-assignment.md, Policy
+    update), as verl's actor computes it.
 
     `ids` is a right-padded batch from `pad_batch`. Pads come after every real token, so causal attention alone
     never lets a real position see one: no padding mask is passed, positions run 0, 1, ... as with one, and
@@ -200,11 +211,14 @@ def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None
     ids = ids.to(device)
     width = ids.shape[1] - 1
     cols = None
-    if targets is not None and _accepts_logits_to_keep(type(model)):
-        cols = targets.any(0).nonzero().squeeze(1).to(device)
-        logits = model(input_ids=ids, logits_to_keep=cols).logits.float()
-    else:
-        logits = model(input_ids=ids).logits[:, :-1].float()
+    with autocast(model):
+        if targets is not None and _accepts_logits_to_keep(type(model)):
+            cols = targets.any(0).nonzero().squeeze(1).to(device)
+            logits = model(input_ids=ids, logits_to_keep=cols).logits.float()
+        else:
+            logits = model(input_ids=ids).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
     nxt = ids[:, 1:] if cols is None else ids[:, 1:][:, cols]
     logp = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)

@@ -1,7 +1,7 @@
 """PPO-clip on response tokens (credit-assignment.md, "Policy update (all methods)").
 
-`log π_old` is recomputed here from the rollout checkpoint; the rollout engine's log-probs only serve to report
-the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
+`log π_old` is recomputed here from the rollout checkpoint, at the sampling temperature (the distribution the
+sampler drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
 token-mean over the minibatch, plus `kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
 """
 
@@ -14,10 +14,9 @@ from collections.abc import Callable
 import torch
 
 from pipeline.policy import pad_batch, token_logprobs
+from pipeline.precision import NonFiniteError, Stepper
 
-
-class NonFiniteError(FloatingPointError):
-    """A loss or gradient went NaN/inf: the update stops before any checkpoint is written."""
+__all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequence_logprobs"]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
@@ -46,13 +45,13 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      batch_size: int) -> list[torch.Tensor]:
-    """Per-token log-probs of each response under `model` (one 1-D tensor per turn)."""
+                      batch_size: int, temperature: float = 1.0) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn)."""
     model.eval()
     out = []
     for b in range(0, len(prompts), batch_size):
         ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
-        logp, _ = token_logprobs(model, ids, resp)
+        logp, _ = token_logprobs(model, ids, resp, temperature=temperature)
         logp = logp.cpu()
         for i in range(logp.shape[0]):
             out.append(logp[i][resp[i]])
@@ -60,8 +59,10 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
 
 
 def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
-               ref_logps=None, progress: Callable[[str], None] | None = None) -> dict[str, float]:
-    """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic."""
+               ref_logps=None, progress: Callable[[str], None] | None = None,
+               temperature: float = 1.0) -> dict[str, float]:
+    """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
+    log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be."""
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl",
@@ -69,13 +70,15 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
     started = time.perf_counter()
     step = 0
+    stepper = Stepper(model, optimizer, cfg.grad_clip)
     model.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for b in range(0, n, cfg.minibatch_size):
             idx = order[b: b + cfg.minibatch_size]
             ids, _, resp = pad_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
-            logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0)
+            logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0,
+                                           temperature=temperature)
             resp = resp.to(logp.device)
             old = torch.zeros_like(logp)
             old[resp] = torch.cat([old_logps[i] for i in idx]).to(logp.device)
@@ -99,20 +102,19 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"PPO loss is {float(loss)} at epoch {epoch}, minibatch {b // cfg.minibatch_size}")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if not torch.isfinite(grad_norm):
-                raise NonFiniteError(f"gradient norm is {float(grad_norm)} at epoch {epoch}, "
-                                     f"minibatch {b // cfg.minibatch_size}")
-            optimizer.step()
+            stepper.backward(loss)
+            grad_norm = stepper.step(f"epoch {epoch}, minibatch {b // cfg.minibatch_size}")
             step += 1
             for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("kl", kl_val), ("entropy", ent_val),
                          ("clipfrac", info["clipfrac"]), ("approx_kl", info["approx_kl"]),
-                         ("grad_norm", float(grad_norm))):
-                stats[k].append(v)
+                         ("grad_norm", grad_norm)):
+                if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
+                    stats[k].append(v)
             if progress is not None and (step % 10 == 0 or step == steps_total):
                 rate = step / (time.perf_counter() - started)
                 progress(f"update step {step}/{steps_total}: loss {stats['loss'][-1]:.4f}, "
                          f"clipfrac {info['clipfrac']:.3f}, {rate:.2f} steps/s")
     model.eval()
-    return {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
+    out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
+    out["skipped_steps"] = float(stepper.skipped)
+    return out

@@ -1,5 +1,5 @@
 """Per-row reference implementations, written the way reference RL codebases write them: loops over rows and dicts
-of lists. They exist to check the vectorised estimators of `pipeline.credit` (tests) and to measure the speed-up
+of lists. They exist to check the vectorised estimators of `pipeline.methods` (tests) and to measure the speed-up
 (bench/throughput.py); the pipeline never calls them.
 """
 
@@ -22,10 +22,11 @@ def _norm(values: list[float], mode: str, ddof: int = 1) -> list[float]:
     return [(v - mean) / (std + EPS) for v in values]
 
 
-def gigpo_reference(rows: list[dict], mode: str = "mean_norm", episode_stats: str = "per_episode",
-                    gamma: float = 0.95, weight: float = 1.0, invalid_penalty: float = 0.1) -> dict:
-    """GiGPO (credit-assignment.md, GiGPO) row by row. `rows`: dicts with episode_id, step, task_group, anchor,
-    reward, action_valid. Returns {(episode_id, step): advantage}."""
+def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_mode: str = "mean_norm",
+                    episode_stats: str = "per_turn", gamma: float = 0.95, weight: float = 1.0,
+                    invalid_penalty: float = 0.1) -> dict:
+    """GiGPO (credit-assignment.md, GiGPO; Invalid actions) row by row. `rows`: dicts with episode_id, step,
+    task_group, anchor, reward, action_valid. Returns {(episode_id, step): advantage}."""
     episodes: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         episodes[r["episode_id"]].append(r)
@@ -51,7 +52,7 @@ def gigpo_reference(rows: list[dict], mode: str = "mean_norm", episode_stats: st
         n, mean, std = stats[turns[0]["task_group"]]
         if n == 1:
             episode_adv[e] = 0.0
-        elif mode == "mean_norm":
+        elif episode_mode == "mean_norm":
             episode_adv[e] = returns[e] - mean
         else:
             episode_adv[e] = (returns[e] - mean) / (std + EPS)
@@ -63,11 +64,11 @@ def gigpo_reference(rows: list[dict], mode: str = "mean_norm", episode_stats: st
         for r in reversed(turns):
             G = r["reward"] + gamma * G
             key = (e, r["step"])
-            step_value[key] = G - (0.0 if r["action_valid"] else invalid_penalty)
+            step_value[key] = G
             groups[(r["task_group"], r["anchor"])].append(key)
     step_adv = {}
     for members in groups.values():
-        for key, a in zip(members, _norm([step_value[k] for k in members], mode), strict=True):
+        for key, a in zip(members, _norm([step_value[k] for k in members], step_mode), strict=True):
             step_adv[key] = a
     out = {}
     for e, turns in episodes.items():

@@ -14,17 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.config import Params
+from pipeline.methods import METHODS
 
 ITER_DIR = "results/iter_{it}"
 CHECKPOINT = ITER_DIR + "/checkpoint/"
 PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
 STEPS = ITER_DIR + "/steps.parquet"
 GROUPS = ITER_DIR + "/groups.parquet"
-REWARD_MODEL = ITER_DIR + "/reward_model/"          # OPRL's implicit PRM or SPA's progress estimator
-PREV_REWARD_MODEL = "results/iter_{prev}/reward_model/"
+PREV_ITER_DIR = "results/iter_{prev}"
+INITIAL_CHECKPOINT = "results/iter_0/checkpoint/"
+REWARD_MODEL = ITER_DIR + "/reward_model/"          # a method's learned step-reward model (OPRL's PRM, SPA's estimator)
+PREV_REWARD_MODEL = PREV_ITER_DIR + "/reward_model/"
 STEP_REWARDS = ITER_DIR + "/step_rewards.parquet"
-REPLAY = ITER_DIR + "/replay.parquet"               # SPA's training window after iteration i
-PREV_REPLAY = "results/iter_{prev}/replay.parquet"
 ADVANTAGES = ITER_DIR + "/advantages.parquet"
 EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
@@ -90,27 +91,36 @@ class Stage:
         return resolve(self.params, params)
 
 
-_spa = method_is("spa")
-_method_section = tuple(When(f"credit.{m}", method_is(m)) for m in ("oprl", "spa"))
+_fitting = [m for m in METHODS.values() if m.fits]
+# each fitting method's own section, and the tables it keeps beside its model (SPA's replay), from the method registry
+_method_section = tuple(When(f"credit.{m.name}", method_is(m.name)) for m in _fitting)
+
+
+def _model_tables(folder: str) -> tuple[When, ...]:
+    return tuple(When(f"{folder}/{name}", method_is(m.name)) for m in _fitting for name in m.reward_model.extra_tables)
+
 
 STAGES: tuple[Stage, ...] = (
-    Stage("init", None, deps=(), outs=("results/iter_0/checkpoint/",),
+    Stage("init", None, deps=(), outs=(INITIAL_CHECKPOINT,),
           params=("seed", "env", "prompt", "policy", "warmstart"), threads=2),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.
-    Stage("reward_init", None, deps=("results/iter_0/checkpoint/",),
-          outs=("results/iter_0/reward_model/", When("results/iter_0/replay.parquet", _spa)),
+    Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
+          outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
           params=("seed", "credit.method"), enabled=needs_fit),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout")),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),
-    Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, PREV_REWARD_MODEL, When(PREV_REPLAY, _spa)),
-          outs=(REWARD_MODEL, STEP_REWARDS, When(REPLAY, _spa)),
+    # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
+    Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
+                          *_model_tables(PREV_ITER_DIR)),
+          outs=(REWARD_MODEL, STEP_REWARDS, *_model_tables(ITER_DIR)),
           params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",)),
+    # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update"), threads=2),
+          params=("seed", "update", "rollout.temperature"), threads=2),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate")),
     Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),
@@ -153,11 +163,13 @@ def params_fingerprint(stage: Stage, params: Params) -> str:
 
 
 def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
+    """The stage's input paths for iteration `it`, each once (at iteration 1 the previous checkpoint is the
+    initial one)."""
     deps = resolve(stage.deps, params)
     out = [strip_dir(fill(d, it)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
         out.extend(strip_dir(fill(t, i)) for i in iterations(params))
-    return out
+    return list(dict.fromkeys(out))
 
 
 def final_targets(params: Params) -> list[str]:

@@ -56,22 +56,14 @@ STEP_REWARDS = pa.schema([            # the fit stage's learned per-turn scores 
     ("score", pa.float64()),          # OPRL: implicit reward r_phi(t) (beta included); SPA: contribution c_t
 ])
 
-REPLAY = pa.schema([                  # SPA's training window: the turns of recent iterations
-    ("iteration", pa.int32()),
-    ("episode_id", pa.int64()),
-    ("step", pa.int32()),
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("outcome", pa.float64()),        # R_final: success (the task score where the environment has one)
-])
-
 ADVANTAGES = pa.schema([
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
-    ("episode_advantage", pa.float64()),  # A^E (penalty included)
+    ("episode_advantage", pa.float64()),  # A^E: the method's episode term (the shared one for all but RLOO)
     ("step_score", pa.float64()),         # the value the step level normalises (G_t, r_phi, G^SPA); null if none
     ("step_advantage", pa.float64()),     # weighted step-level term
-    ("advantage", pa.float64()),
+    ("penalty", pa.float64()),            # credit.invalid_penalty on an invalid turn, else 0
+    ("advantage", pa.float64()),          # episode_advantage + step_advantage - penalty
 ])
 
 EVAL_EPISODES = pa.schema([

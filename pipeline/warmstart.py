@@ -33,6 +33,7 @@ import torch
 from pipeline.config import WARMSTART_SEED_BASE, Params
 from pipeline.envs.base import make_env
 from pipeline.policy import encode_prompt, encode_response, pad_batch, token_logprobs
+from pipeline.precision import Stepper
 from pipeline.prompting import build_prompt, format_action
 
 
@@ -82,6 +83,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     clean = [(prompts[p], responses[o]) for p, _, o in demos if o is not None] or mixed
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    stepper = Stepper(model, opt, grad_clip=1.0)
     model.train()
     losses = []
     started = time.perf_counter()
@@ -94,9 +96,8 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
         resp = resp.to(logp.device)
         loss = -(logp * resp).sum() / resp.sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        stepper.backward(loss)
+        stepper.step(f"warm start step {step}")
         sched.step()
         losses.append(loss.item())
         if progress is not None and ((step + 1) % 50 == 0 or step + 1 == steps):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.credit import compute_advantages
+from pipeline.methods import compute_advantages
 from pipeline.grouping import hgpo_depth
 from pipeline.registry import ADVANTAGES, GROUPS, STEP_REWARDS, STEPS
 from pipeline.stagekit import parse_args, stage_errors
@@ -32,7 +32,7 @@ def advantages_excluding_env_errors(table: pl.DataFrame, credit) -> pl.DataFrame
     ok = table.filter(~pl.col("episode_id").is_in(broken.implode()))
     zeros = table.filter(pl.col("episode_id").is_in(broken.implode())).select(
         "episode_id", "step", pl.lit(0.0).alias("episode_advantage"), pl.lit(None, pl.Float64).alias("step_score"),
-        pl.lit(0.0).alias("step_advantage"), pl.lit(0.0).alias("advantage"))
+        pl.lit(0.0).alias("step_advantage"), pl.lit(0.0).alias("penalty"), pl.lit(0.0).alias("advantage"))
     return pl.concat([compute_advantages(ok, credit), zeros]).sort("episode_id", "step")
 
 

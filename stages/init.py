@@ -2,12 +2,14 @@
 
 With `policy.path` null: train a byte-level BPE tokenizer on environment text, build the tiny Llama with random
 weights, warm-start it on solver demonstrations, and save it. With `policy.path` set: copy that local Hugging Face
-model folder's weights and tokenizer as iteration 0's checkpoint (nothing is downloaded).
+model folder's weights and tokenizer as iteration 0's checkpoint (nothing is downloaded). Checkpoints hold fp32
+master weights whatever `policy.dtype` is (`pipeline.precision`).
 """
 
 from __future__ import annotations
 
 from pipeline.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
+from pipeline.precision import mark
 from pipeline.registry import STAGE_BY_NAME, strip_dir
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import atomic_dir
@@ -22,12 +24,13 @@ def main(argv=None) -> None:
     with stage_errors(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
             ctx.log(f"loading local model folder {p.policy.path}")
-            model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device)
+            model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device, train=True)
             metrics = {}
         else:
             ctx.log("training the tokenizer on environment text")
             tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size)
-            model = build_tiny_model(tokenizer, p.policy.tiny, p.seed).to(resolve_device(p.runtime.device))
+            model = mark(build_tiny_model(tokenizer, p.policy.tiny, p.seed), p.policy.dtype)
+            model.to(resolve_device(p.runtime.device))
             n_params = sum(x.numel() for x in model.parameters())
             ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}, on {model.device}")
             pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed)

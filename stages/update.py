@@ -1,7 +1,8 @@
 """Stage `update`: PPO-clip on the response tokens of iteration i's turns, from the checkpoint of i-1 to that of i.
 
-`log π_old` is recomputed from the rollout checkpoint (credit-assignment.md, Policy update); its mismatch with
-the rollout engine's log-probs is reported. The optimiser state travels with the checkpoint. A non-finite loss or
+`log π_old` is recomputed from the rollout checkpoint at the sampling temperature (credit-assignment.md, Policy
+update); its mismatch with the rollout engine's log-probs is reported. The policy trains with fp32 master weights
+whose forward passes run in `policy.dtype` (`pipeline.precision`), and the checkpoint keeps the fp32 weights. The optimiser state travels with the checkpoint. A non-finite loss or
 advantage stops the stage before anything is written.
 """
 
@@ -29,7 +30,8 @@ def main(argv=None) -> None:
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "update", it) as tracker:
         prev = ctx.path(PREV_CHECKPOINT)
-        model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device)
+        model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device, train=True)
+        temperature = p.rollout.temperature
         steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
             "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
         adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)
@@ -47,15 +49,17 @@ def main(argv=None) -> None:
         responses = table["response_ids"].to_list()
         advantages = table["advantage"].to_list()
         ctx.log(f"recomputing log pi_old for {len(prompts)} turns")
-        old = sequence_logprobs(model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size)
+        old = sequence_logprobs(model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size,
+                                temperature)
         engine = torch.cat([torch.tensor(x, dtype=torch.float32) for x in table["response_logprobs"].to_list()])
         recomputed = torch.cat(old)
         mismatch = {"logprob_mismatch_abs_mean": float((engine - recomputed).abs().mean()),
                     "logprob_mismatch_abs_max": float((engine - recomputed).abs().max())}
         ref = None
         if p.update.kl_coef > 0:
-            ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype, p.runtime.device)
-            ref = sequence_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size)
+            ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype, p.runtime.device, train=True)
+            ref = sequence_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size,
+                                    temperature)
             del ref_model
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.update.lr, weight_decay=p.update.weight_decay)
         if (prev / OPTIMIZER_FILE).is_file():
@@ -64,7 +68,8 @@ def main(argv=None) -> None:
                 group["lr"] = p.update.lr
                 group["weight_decay"] = p.update.weight_decay
         stats = ppo_update(model, optimizer, prompts, responses, advantages, old, p.update,
-                           tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log)
+                           tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log,
+                           temperature=temperature)
         stats.update(mismatch)
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")

@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
+
+from pipeline.methods import METHODS as METHOD_REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -36,7 +40,7 @@ def grpo_run(tmp_path_factory) -> Path:
     return d
 
 
-METHODS = ("rloo", "gigpo", "hgpo", "oprl", "spa")
+METHODS = tuple(m for m in METHOD_REGISTRY if m != "grpo")   # each continues the shared GRPO run
 JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
 
 
@@ -65,3 +69,34 @@ def method_runs(grpo_run, tmp_path_factory):
         if p.returncode != 0:
             pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
     return dirs, plans
+
+
+# Synthetic batches for the learned step-reward models (the tests of the methods that have one).
+PAD = 0
+
+
+def tiny_llama(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      pad_token_id=PAD, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def batch(n_groups=2, per_group=4, turns=2, seed=0):
+    """Turns of n_groups x per_group episodes; half of each group's episodes succeed."""
+    rng = np.random.default_rng(seed)
+    prompts, responses, turn_ep, ep_group, ep_success = [], [], [], [], []
+    e = 0
+    for g in range(n_groups):
+        for k in range(per_group):
+            for _ in range(turns):
+                prompts.append(rng.integers(1, 40, size=int(rng.integers(3, 7))).tolist())
+                responses.append(rng.integers(1, 40, size=int(rng.integers(1, 4))).tolist())
+                turn_ep.append(e)
+            ep_group.append(g)
+            ep_success.append(k % 2 == 0)
+            e += 1
+    return prompts, responses, np.array(turn_ep), np.array(ep_group), np.array(ep_success)

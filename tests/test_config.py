@@ -20,9 +20,8 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     p = load_params(ROOT / "params.yaml")
     assert p.credit.method == "grpo" and p.rollout.group_size == 8 and p.env.max_turns == 15
     assert p.prompt.history_turns == 2 and p.credit.invalid_penalty == 0.1
-    # the one deliberate difference, explained in params.yaml
-    assert Params().credit.grpo.episode_stats == "per_episode" and p.credit.grpo.episode_stats == "per_turn"
-    assert p.model_copy(update={"credit": Params().credit}) == Params()
+    assert p.credit.episode.episode_stats == "per_turn" and p.credit.episode.mode == "mean_std_norm"
+    assert p == Params()
 
 
 @pytest.mark.parametrize("data, fragment", [
@@ -39,6 +38,10 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     ({"env": {"name": "chess"}}, "key 'env.name'"),
     ({"warmstart": {"random_action_share": 1.2}}, "key 'warmstart.random_action_share'"),
     ({"runtime": {"device": "gpu"}}, "key 'runtime.device'"),
+    ({"credit": {"gigpo": {"episode_stats": "per_turn"}}},
+     "key 'credit.gigpo.episode_stats': unknown key (not in the schema; check its spelling and section); the "
+     "episode level is shared by every method now: set credit.episode.episode_stats"),
+    ({"credit": {"grpo": {"mode": "mean_norm"}}}, "set credit.episode.mode"),
 ])
 def test_bad_params_name_the_key(tmp_path, data, fragment):
     path = write(tmp_path, data)
@@ -66,6 +69,17 @@ def test_stage_refuses_bad_params_before_any_work(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "rollout.group_size" in r.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_overrides_are_validated_like_a_file():
+    from pipeline.config import with_overrides
+
+    p = with_overrides(Params(), ["credit.oprl.lr=2e-4", "credit.method=oprl", "credit.gigpo.gamma=0"])
+    assert p.credit.oprl.lr == 2e-4 and p.credit.method == "oprl" and p.credit.gigpo.gamma == 0.0
+    with pytest.raises(ParamsError, match="key 'credit.oprl.lr': Input should be greater than 0"):
+        with_overrides(Params(), ["credit.oprl.lr=-1"])
+    with pytest.raises(ParamsError, match="expected KEY=VALUE"):
+        with_overrides(Params(), ["credit.oprl.lr"])
 
 
 def test_schema_defaults_equal_an_empty_file(tmp_path):

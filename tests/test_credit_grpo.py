@@ -1,12 +1,14 @@
-"""GRPO advantages on a hand-computed table (credit-assignment.md, "GRPO (episode level only)"; Invalid actions)."""
+"""GRPO advantages on a hand-computed table (credit-assignment.md, "GRPO (episode level only)"; Episode level,
+shared; Invalid actions)."""
 
 import math
 
 import polars as pl
 import pytest
 
-from pipeline.config import CreditConfig, GrpoConfig
-from pipeline.credit import EPS, compute_advantages
+from pipeline.config import CreditConfig
+from pipeline.methods import compute_advantages
+from pipeline.methods.base import EPS
 
 
 def table():
@@ -22,7 +24,8 @@ def table():
 
 
 def adv(mode="mean_std_norm", stats="per_episode", penalty=0.1):
-    cfg = CreditConfig(method="grpo", invalid_penalty=penalty, grpo=GrpoConfig(mode=mode, episode_stats=stats))
+    cfg = CreditConfig.model_validate({"method": "grpo", "invalid_penalty": penalty,
+                                       "episode": {"mode": mode, "episode_stats": stats}})
     out = compute_advantages(table(), cfg)
     return {(r["episode_id"], r["step"]): r["advantage"] for r in out.iter_rows(named=True)}
 

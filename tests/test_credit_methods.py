@@ -1,7 +1,8 @@
 """Every advantage method on one hand-computed table (credit-assignment.md: RLOO, GiGPO, HGPO, OPRL, SPA;
-Invalid actions), plus the group stage's keys on it.
+Invalid actions; Episode level, shared), plus the group stage's keys on it.
 
-The table (γ = 0.5 wherever a method discounts, invalid penalty 0.1):
+The table (γ = 0.5 wherever a method discounts, invalid penalty 0.1, subtracted from the invalid turn's final
+advantage only):
 
     task group 0                                    task group 1 (every episode succeeds)
     ep 0: a -> b -> c        rewards 0, 0, 1  (R 1)   ep 3: x -> y   rewards 0, 1 (R 1)
@@ -9,7 +10,7 @@ The table (γ = 0.5 wherever a method discounts, invalid penalty 0.1):
     ep 2: a -> b             rewards 0 (R 0)         ep 4: x        reward 1 (R 1)
 
 Step groups: a {0.0, 1.0, 2.0}, b {0.1, 1.3, 2.1}, d {1.1, 1.2}, x {3.0, 4.0}; c and y are singletons.
-Discounted returns G: ep 0: 0.25, 0.5, 1; ep 3: 0.5, 1; ep 4: 1; all others 0 (ep 1 turn 1 scores -0.1).
+Discounted returns G: ep 0: 0.25, 0.5, 1; ep 3: 0.5, 1; ep 4: 1; all others 0.
 """
 
 import math
@@ -17,9 +18,10 @@ import math
 import polars as pl
 import pytest
 
-from pipeline.config import CreditConfig
-from pipeline.credit import EPS, compute_advantages
+from pipeline.config import METHODS, CreditConfig
 from pipeline.grouping import build_groups
+from pipeline.methods import compute_advantages
+from pipeline.methods.base import EPS
 
 EPISODES = {  # episode: (task_group, anchors, rewards, valid)
     0: (0, "abc", [0, 0, 1], [True] * 3),
@@ -44,8 +46,15 @@ def table(depth: int = 3) -> pl.DataFrame:
     return steps.join(groups, on=["episode_id", "step"])
 
 
-def advantages(method: str, column: str = "advantage", **section) -> dict:
-    cfg = CreditConfig.model_validate({"method": method, "invalid_penalty": 0.1, method: section})
+PER_EPISODE_MEAN = {"mode": "mean_norm", "episode_stats": "per_episode"}   # A^E = R - 1/3 in group 0, 0 in 1
+PER_EPISODE_STD = {"mode": "mean_std_norm", "episode_stats": "per_episode"}
+AE0, AE1 = (2 / 3) / (math.sqrt(1 / 3) + EPS), (-1 / 3) / (math.sqrt(1 / 3) + EPS)  # PER_EPISODE_STD, group 0
+
+
+def advantages(method: str, column: str = "advantage", episode: dict = PER_EPISODE_MEAN, penalty: float = 0.1,
+               **section) -> dict:
+    cfg = CreditConfig.model_validate({"method": method, "invalid_penalty": penalty, "episode": episode,
+                                       method: section})
     out = compute_advantages(table(), cfg)
     return {(r["episode_id"], r["step"]): r[column] for r in out.iter_rows(named=True)}
 
@@ -94,28 +103,50 @@ def test_rloo():
 def test_gigpo_mean_norm():
     a = advantages("gigpo", gamma=0.5)
     # A^E = R - 1/3 in group 0 (2/3, -1/3, -1/3), 0 in group 1.
-    # A^S: a: G (0.25, 0, 0), mean 1/12; b: G (0.5, 0, 0), mean 1/6; d: (-0.1, 0), mean -0.05; x: (0.5, 1).
+    # A^S: a: G (0.25, 0, 0), mean 1/12; b: G (0.5, 0, 0), mean 1/6; d: (0, 0), mean 0; x: (0.5, 1).
+    # The invalid turn (1, 1) gets -0.1 on top and changes no group statistic: d's other turn gets 0.
     expected = {
         (0, 0): 2 / 3 + (0.25 - 1 / 12), (0, 1): 2 / 3 + (0.5 - 1 / 6), (0, 2): 2 / 3 + 0.0,
-        (1, 0): -1 / 3 - 1 / 12, (1, 1): -1 / 3 - 0.1 + (-0.1 + 0.05), (1, 2): -1 / 3 + 0.05,
-        (1, 3): -1 / 3 - 1 / 6,
+        (1, 0): -1 / 3 - 1 / 12, (1, 1): -1 / 3 - 0.1, (1, 2): -1 / 3, (1, 3): -1 / 3 - 1 / 6,
         (2, 0): -1 / 3 - 1 / 12, (2, 1): -1 / 3 - 1 / 6,
         (3, 0): 0 - 0.25, (3, 1): 0.0, (4, 0): 0 + 0.25,
     }
     assert a == pytest.approx(expected)
     s = advantages("gigpo", "step_advantage", gamma=0.5)
     assert s[(0, 2)] == 0.0 and s[(3, 1)] == 0.0                   # singleton step groups
+    assert s[(1, 1)] == 0.0 and s[(1, 2)] == 0.0                   # the penalty is not a step-group statistic
+    assert advantages("gigpo", "penalty", gamma=0.5) == {k: (0.1 if k == (1, 1) else 0.0) for k in expected}
 
 
 def test_gigpo_mean_std_norm_and_weight():
-    a = advantages("gigpo", gamma=0.5, mode="mean_std_norm", step_advantage_w=2.0)
-    ae = (2 / 3) / (math.sqrt(1 / 3) + EPS)                         # A^E of ep 0, unbiased std of (1, 0, 0)
+    a = advantages("gigpo", episode=PER_EPISODE_STD, gamma=0.5, mode="mean_std_norm", step_advantage_w=2.0)
     std_a = math.sqrt(((0.25 - 1 / 12) ** 2 + 2 * (1 / 12) ** 2) / 2)  # unbiased std of (0.25, 0, 0)
-    assert a[(0, 0)] == pytest.approx(ae + 2 * (0.25 - 1 / 12) / (std_a + EPS))
-    std_d = math.sqrt(2 * 0.05 ** 2 / 1)
-    ae1 = (-1 / 3) / (math.sqrt(1 / 3) + EPS)
-    assert a[(1, 1)] == pytest.approx(ae1 - 0.1 + 2 * (-0.05) / (std_d + EPS))
+    assert a[(0, 0)] == pytest.approx(AE0 + 2 * (0.25 - 1 / 12) / (std_a + EPS))
+    assert a[(1, 1)] == pytest.approx(AE1 - 0.1)                  # d: (0, 0) has no spread
     assert a[(3, 0)] == pytest.approx(0 + 2 * (-0.25) / (math.sqrt(2 * 0.25 ** 2) + EPS))
+
+
+def test_penalty_is_applied_once_after_normalisation_and_acts_linearly():
+    """credit-assignment.md, Invalid actions: every method's advantage moves by exactly -p on the invalid turn and
+    not at all elsewhere, whatever the normalisation mode (its size would not matter inside a std norm)."""
+    for method in METHODS:
+        section = {"mode": "mean_std_norm"} if method == "gigpo" else {}
+        base = advantages(method, episode=PER_EPISODE_STD, penalty=0.0, **section)
+        for p in (0.001, 0.1, 0.7):
+            moved = advantages(method, episode=PER_EPISODE_STD, penalty=p, **section)
+            assert {k: moved[k] - base[k] for k in base} == pytest.approx(
+                {k: (-p if k == (1, 1) else 0.0) for k in base}, abs=1e-12), (method, p)
+
+
+def test_one_invalid_turn_among_equal_step_values_only_loses_the_penalty():
+    """The spec's measured case: r_phi = 0 everywhere (OPRL at iteration 1), one invalid turn among 10. Inside a
+    std normalisation the penalty made it -2.85 and every valid turn +0.32; now only the invalid turn moves."""
+    rows = [{"episode_id": e, "step": t, "task_group": 0, "reward": 0.0, "action_valid": (e, t) != (1, 2),
+             "score": 0.0} for e in range(2) for t in range(5)]
+    df = pl.DataFrame(rows).with_columns(pl.col("step").cast(pl.Int32))
+    for p in (0.001, 0.1):
+        out = compute_advantages(df, CreditConfig(method="oprl", invalid_penalty=p))
+        assert out["advantage"].to_list() == [0.0] * 7 + [-p] + [0.0] * 2
 
 
 def test_gigpo_similarity_grouping_merges_near_identical_anchors():
@@ -136,7 +167,7 @@ def test_gigpo_similarity_grouping_merges_near_identical_anchors():
 
 
 def test_hgpo():
-    a = advantages("hgpo", gamma=0.5)
+    s = advantages("hgpo", "step_advantage", gamma=0.5)
     # population std; weights w_k = k + 1 over the non-singleton depths k = 1..3
     s_a = math.sqrt(((0.25 - 1 / 12) ** 2 + 2 * (1 / 12) ** 2) / 3)   # a at every depth: G (0.25, 0, 0)
     s_b = math.sqrt(((0.5 - 1 / 6) ** 2 + 2 * (1 / 6) ** 2) / 3)      # b at depth 1: G (0.5, 0, 0)
@@ -146,49 +177,20 @@ def test_hgpo():
         (0, 1): (2 * a_b1 + 3 * a_b23 + 4 * a_b23) / 9,
         (2, 1): (2 * -(1 / 6) / (s_b + EPS) - 7 * a_b23) / 9,
         (1, 3): -(1 / 6) / (s_b + EPS),                              # (b, d) and (b, d, d) are singletons
-        (1, 1): -0.05 / (0.05 + EPS), (1, 2): 0.05 / (0.05 + EPS),  # depth 1 only
+        (1, 1): 0.0, (1, 2): 0.0,                                    # d at depth 1: G (0, 0)
         (0, 2): 0.0, (3, 1): 0.0,                                    # singletons at every depth
         (3, 0): -0.25 / (0.25 + EPS), (4, 0): 0.25 / (0.25 + EPS),
         (1, 0): -(1 / 12) / (s_a + EPS), (2, 0): -(1 / 12) / (s_a + EPS),
     }
-    assert a == pytest.approx(expected)
-    with_base = advantages("hgpo", gamma=0.5, base_group=True, episode_mode="mean_norm")
-    assert with_base[(0, 0)] == pytest.approx(2 / 3 + expected[(0, 0)])
-    assert with_base[(1, 1)] == pytest.approx(-1 / 3 - 0.1 + expected[(1, 1)])
-    assert with_base[(4, 0)] == pytest.approx(expected[(4, 0)])
-
-
-def test_oprl():
-    a = advantages("oprl")
-    # group 0 step values r_phi - penalty: 0.3 0.1 0.2 | 0 -0.3 0 0.1 | 0.1 0: mean 1/18, unbiased std 1/6
-    ae0, ae1 = (2 / 3) / (math.sqrt(1 / 3) + EPS), (-1 / 3) / (math.sqrt(1 / 3) + EPS)
-    assert a[(0, 0)] == pytest.approx(ae0 + (0.3 - 1 / 18) / (1 / 6 + EPS))
-    assert a[(1, 1)] == pytest.approx(ae1 - 0.1 + (-0.3 - 1 / 18) / (1 / 6 + EPS))
-    assert a[(2, 1)] == pytest.approx(ae1 + (0 - 1 / 18) / (1 / 6 + EPS))
-    # group 1: (0.2, 0.2, 0.4), mean 4/15, unbiased std sqrt(1/75); A^E 0
-    s1 = math.sqrt(((0.2 - 4 / 15) ** 2 * 2 + (0.4 - 4 / 15) ** 2) / 2)
-    assert a[(4, 0)] == pytest.approx((0.4 - 4 / 15) / (s1 + EPS))
-    assert a[(3, 1)] == pytest.approx((0.2 - 4 / 15) / (s1 + EPS))
-    half = advantages("oprl", alpha=0.5, episode_mode="mean_norm")
-    assert half[(0, 0)] == pytest.approx(2 / 3 + 0.5 * (0.3 - 1 / 18) / (1 / 6 + EPS))
-
-
-def test_spa():
-    a = advantages("spa", gamma=0.5, mode="mean_norm", episode_mode="mean_norm")
-    # r = c + 0.5 * valid. ep 0: (0.8, 0.6, 0.7) -> G (1.275, 0.95, 0.7)
-    # ep 1: (0.5, -0.2, 0.5, 0.6) -> G (0.6, 0.2, 0.8, 0.6), turn 1 penalised to 0.1; ep 2: (0.6, 0.5) -> (0.85, 0.5)
-    m0 = (1.275 + 0.95 + 0.7 + 0.6 + 0.1 + 0.8 + 0.6 + 0.85 + 0.5) / 9
-    assert a[(0, 0)] == pytest.approx(2 / 3 + 1.275 - m0)
-    assert a[(1, 1)] == pytest.approx(-1 / 3 - 0.1 + 0.1 - m0)
-    assert a[(2, 0)] == pytest.approx(-1 / 3 + 0.85 - m0)
-    # group 1: ep 3 (0.7, 0.7) -> (1.05, 0.7); ep 4: 0.9
-    m1 = (1.05 + 0.7 + 0.9) / 3
-    assert a[(4, 0)] == pytest.approx(0.9 - m1) and a[(3, 0)] == pytest.approx(1.05 - m1)
-    scores = advantages("spa", "step_score", gamma=0.5)
-    assert scores[(0, 0)] == pytest.approx(1.275) and scores[(1, 1)] == pytest.approx(0.1)
-    no_ground = advantages("spa", "step_score", gamma=0.5, grounding_w=0.0, progress_w=2.0)
-    # ep 1 with r = 2c: (0, -0.4, 0, 0.2) -> G_1 = -0.4 + 0.5 * (0 + 0.5 * 0.2) = -0.35, penalised -0.45
-    assert no_ground[(4, 0)] == pytest.approx(0.8) and no_ground[(1, 1)] == pytest.approx(-0.35 - 0.1)
+    assert s == pytest.approx(expected)
+    # base_group (default): the shared A^E is the k = 0 term of weight 1
+    a = advantages("hgpo", gamma=0.5)
+    assert a[(0, 0)] == pytest.approx(2 / 3 + expected[(0, 0)])
+    assert a[(1, 1)] == pytest.approx(-1 / 3 - 0.1)
+    assert a[(4, 0)] == pytest.approx(expected[(4, 0)])
+    half = advantages("hgpo", gamma=0.5, step_advantage_w=0.5, base_group=False)
+    assert half[(0, 0)] == pytest.approx(0.5 * expected[(0, 0)]) and half[(1, 1)] == pytest.approx(-0.1)
+    assert set(advantages("hgpo", "episode_advantage", gamma=0.5, base_group=False).values()) == {0.0}
 
 
 def test_episode_level_methods_have_no_step_score():

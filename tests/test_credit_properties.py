@@ -1,15 +1,20 @@
 """Properties of the estimators on random step tables (credit-assignment.md, GiGPO and Terms), with Hypothesis."""
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import CreditConfig, METHODS
-from pipeline.credit import compute_advantages, discounted_returns
+from pipeline.config import METHODS, CreditConfig, load_params
 from pipeline.grouping import build_groups
+from pipeline.methods import METHODS as METHOD_REGISTRY
+from pipeline.methods import compute_advantages
+from pipeline.methods.base import discounted_returns
 from pipeline.reference import gigpo_reference
 
+ROOT = Path(__file__).resolve().parents[1]
 episode = st.tuples(
     st.lists(st.sampled_from("abcde"), min_size=1, max_size=6),                       # anchors
     st.lists(st.sampled_from([-1.0, -0.1, 0.0, 0.5, 1.0, 10.0]), min_size=6, max_size=6),  # rewards
@@ -32,8 +37,8 @@ def build(groups, distinct_anchors: bool = False) -> pl.DataFrame:
     return steps.join(build_groups(steps, 3).drop("task_group"), on=["episode_id", "step"])
 
 
-def cfg(method, **section):
-    return CreditConfig.model_validate({"method": method, method: section})
+def cfg(method, episode=None, **section):
+    return CreditConfig.model_validate({"method": method, method: section, "episode": episode or {}})
 
 
 def adv(df, c, col="advantage"):
@@ -44,15 +49,17 @@ def adv(df, c, col="advantage"):
 @given(tables, st.sampled_from(["mean_norm", "mean_std_norm"]), st.sampled_from(["per_episode", "per_turn"]))
 def test_gigpo_with_weight_zero_is_grpo(groups, mode, stats):
     df = build(groups)
-    g = adv(df, cfg("gigpo", mode=mode, episode_stats=stats, step_advantage_w=0.0))
-    assert g == pytest.approx(adv(df, cfg("grpo", mode=mode, episode_stats=stats)), abs=1e-9)
+    episode = {"mode": mode, "episode_stats": stats}
+    g = adv(df, cfg("gigpo", episode, step_advantage_w=0.0))
+    assert g == pytest.approx(adv(df, cfg("grpo", episode)), abs=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
 @given(tables, st.sampled_from(["mean_norm", "mean_std_norm"]))
 def test_gigpo_with_every_anchor_distinct_is_grpo(groups, mode):
     df = build(groups, distinct_anchors=True)
-    assert adv(df, cfg("gigpo", mode=mode)) == pytest.approx(adv(df, cfg("grpo", mode=mode)), abs=1e-9)
+    episode = {"mode": mode}
+    assert adv(df, cfg("gigpo", episode, mode=mode)) == pytest.approx(adv(df, cfg("grpo", episode)), abs=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
@@ -82,10 +89,35 @@ def test_shuffling_rows_changes_no_advantage(groups, method, seed):
        st.floats(0.0, 1.0))
 def test_gigpo_equals_the_per_row_reference(groups, mode, stats, gamma):
     df = build(groups)
-    out = compute_advantages(df, cfg("gigpo", mode=mode, episode_stats=stats, gamma=gamma))
-    ref = gigpo_reference(df.to_dicts(), mode, stats, gamma, 1.0, 0.1)
+    out = compute_advantages(df, cfg("gigpo", {"mode": mode, "episode_stats": stats}, mode=mode, gamma=gamma))
+    ref = gigpo_reference(df.to_dicts(), mode, mode, stats, gamma, 1.0, 0.1)
     got = {(r["episode_id"], r["step"]): r["advantage"] for r in out.iter_rows(named=True)}
     assert got == pytest.approx(ref, abs=1e-9)
+
+
+SHIPPED = load_params(ROOT / "params.yaml").credit
+
+
+@settings(max_examples=40, deadline=None)
+@given(tables)
+def test_shipped_params_give_every_method_grpos_episode_term(groups):
+    """credit-assignment.md, Episode level, shared: under params.yaml every method with an episode term has GRPO's,
+    so methods differ only in their step-level credit; with the step weight at 0 they are GRPO exactly. RLOO is
+    the one method whose episode term is its own (its definition is its baseline)."""
+    df = build(groups)
+    grpo = compute_advantages(df, SHIPPED.model_copy(update={"method": "grpo"}))
+    for name, method in METHOD_REGISTRY.items():
+        if name == "rloo":
+            continue
+        out = compute_advantages(df, SHIPPED.model_copy(update={"method": name}))
+        assert out["episode_advantage"].to_list() == grpo["episode_advantage"].to_list(), name
+        if method.step_weight is None:
+            assert (out["step_advantage"] == 0).all(), name
+            continue
+        section = getattr(SHIPPED, name).model_copy(update={method.step_weight: 0.0})
+        zero = compute_advantages(df, SHIPPED.model_copy(update={"method": name, name: section}))
+        assert zero["advantage"].to_list() == grpo["advantage"].to_list(), name
+        assert (zero["step_advantage"] == 0).all()
 
 
 @settings(max_examples=60, deadline=None)

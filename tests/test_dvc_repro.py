@@ -63,7 +63,7 @@ def test_dvc_run_is_tracked_under_one_parent(repo):
 
 def test_changing_the_credit_section_reuses_the_rollout(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["credit"]["grpo"]["mode"] = "mean_norm"
+    params["credit"]["episode"]["mode"] = "mean_norm"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     status = sh([BIN / "dvc", "status"], repo)
     assert "advantages@1" in status and "rollout@1" not in status and "init" not in status

@@ -29,9 +29,12 @@ def test_generated_stages_cover_registry_and_iterations():
 
 
 def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
+    from pipeline.methods import METHODS as METHOD_REGISTRY
+
     base = load_params(ROOT / "params.yaml")
-    for method, fit in (("grpo", False), ("gigpo", False), ("hgpo", False), ("rloo", False), ("oprl", True),
-                        ("spa", True)):
+    assert "oprl" in {n for n, m in METHOD_REGISTRY.items() if m.fits}
+    for method, definition in METHOD_REGISTRY.items():
+        fit = definition.fits
         p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": method})})
         doc = yaml.safe_load(render(p))["stages"]
         assert ("fit" in doc) is fit and ("reward_init" in doc) is fit, method
@@ -39,9 +42,11 @@ def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
         assert ("results/iter_${item.it}/step_rewards.parquet" in adv_deps) is fit, method
         if fit:
             fit_deps, fit_outs = doc["fit"]["do"]["deps"], doc["fit"]["do"]["outs"]
-            assert "results/iter_${item.prev}/reward_model" in fit_deps
-            assert ("results/iter_${item.prev}/replay.parquet" in fit_deps) is (method == "spa")
-            assert ("results/iter_${item.it}/replay.parquet" in fit_outs) is (method == "spa")
+            assert "results/iter_${item.prev}/reward_model" in fit_deps and "results/iter_0/checkpoint" in fit_deps
+            for table in definition.reward_model.extra_tables:             # SPA's replay.parquet
+                assert f"results/iter_${{item.prev}}/{table}" in fit_deps
+                assert f"results/iter_${{item.it}}/{table}" in fit_outs
+                assert f"results/iter_0/{table}" in doc["reward_init"]["outs"]
             assert doc["fit"]["do"]["params"] == ["seed", "credit.method", f"credit.{method}"]
     assert {s.name for s in STAGES} >= {"fit", "reward_init"}
 

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from pipeline import tables
+from pipeline.methods import METHODS as METHOD_REGISTRY
 from tests.conftest import METHODS  # the method_runs fixture is in conftest, shared with test_resume
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +19,7 @@ def test_only_what_depends_on_the_method_reruns(method_runs, method):
     plan = method_runs[1][method]
     downstream = {"advantages@1", "update@1", "evaluate@1", "rollout@2", "group@2", "advantages@2", "update@2",
                   "evaluate@2", "report"}
-    fit = {"reward_init", "fit@1", "fit@2"} if method in ("oprl", "spa") else set()
+    fit = {"reward_init", "fit@1", "fit@2"} if METHOD_REGISTRY[method].fits else set()
     assert plan == downstream | fit
     assert not plan & {"init", "rollout@1", "group@1", "evaluate@0"}
 
@@ -30,7 +31,7 @@ def test_method_runs_end_to_end(method_runs, method):
         steps = tables.read_table(d / f"results/iter_{it}/steps.parquet", tables.STEPS)
         adv = tables.read_table(d / f"results/iter_{it}/advantages.parquet", tables.ADVANTAGES)
         assert adv.height == steps.height and adv["advantage"].is_finite().all()
-        assert (adv["advantage"] - adv["episode_advantage"] - adv["step_advantage"]).abs().max() < 1e-12
+        assert (adv["advantage"] - adv["episode_advantage"] - adv["step_advantage"] + adv["penalty"]).abs().max() < 1e-12
         if method == "rloo":
             assert adv["step_score"].null_count() == adv.height
         else:
@@ -38,29 +39,13 @@ def test_method_runs_end_to_end(method_runs, method):
         assert (d / f"results/iter_{it}/checkpoint/model.safetensors").is_file()
         assert (d / f"results/iter_{it}/eval_metrics.json").is_file()
         fit_out = d / f"results/iter_{it}/step_rewards.parquet"
-        assert fit_out.is_file() is (method in ("oprl", "spa"))
+        assert fit_out.is_file() is METHOD_REGISTRY[method].fits
     assert pl.read_csv(d / "results/report/success_curve.csv")["iteration"].to_list() == [0, 1, 2]
     assert not list(d.glob("results/**/.*.tmp-*"))
 
 
-def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
-    """At iteration 1 the PRM is a copy of the initial policy, which also played the rollouts (spec, OPRL)."""
-    d = method_runs[0]["oprl"]
-    r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
-    assert r1.height > 0 and (r1["score"] == 0.0).all()
-    r2 = tables.read_table(d / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
-    assert (r2["score"] != 0.0).any()  # the policy has moved since: log pi_phi - log pi_old is no longer 0
-    assert (d / "results/iter_2/reward_model/optimizer.pt").is_file()
 
 
-def test_spa_replay_keeps_recent_iterations(method_runs):
-    d = method_runs[0]["spa"]
-    replay = tables.read_table(d / "results/iter_2/replay.parquet", tables.REPLAY)
-    steps1 = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
-    steps2 = tables.read_table(d / "results/iter_2/steps.parquet", tables.STEPS)
-    assert sorted(replay["iteration"].unique().to_list()) == [1, 2]       # window of 3 holds both
-    assert replay.height == steps1.height + steps2.height
-    assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
 
 
 def test_hgpo_keys_have_history_depth(method_runs):

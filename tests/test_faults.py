@@ -118,6 +118,6 @@ def test_crashed_episodes_neither_train_nor_move_the_baseline():
         "episode_id": [0, 1, 2], "step": [0, 0, 0], "task_group": [0, 0, 0], "reward": [1.0, 0.0, 5.0],
         "action_valid": [True, True, False], "env_error": [None, None, "RuntimeError: boom"],
     }, schema_overrides={"env_error": pl.String, "step": pl.Int32})
-    adv = advantages_excluding_env_errors(df, CreditConfig(method="grpo", grpo={"mode": "mean_norm"}))
+    adv = advantages_excluding_env_errors(df, CreditConfig(method="grpo", episode={"mode": "mean_norm"}))
     assert adv["advantage"].to_list() == [0.5, -0.5, 0.0]      # mean of {1, 0} only
     assert adv["step_score"].is_null().all()

@@ -1,43 +1,34 @@
-"""OPRL's implicit PRM and SPA's progress estimator (credit-assignment.md, OPRL; SPA) on fixed synthetic batches."""
+"""OPRL (credit-assignment.md, OPRL): its advantages on the hand-computed table, the implicit PRM on fixed synthetic
+batches, and the fit stage end to end."""
 
 import copy
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.config import OprlConfig, SpaConfig
-from pipeline.reward_models import (ProgressEstimator, episode_scores, pairwise_loss, prm_update, spa_loss,
-                                    train_progress, turn_logprob_sums)
-
-PAD = 0
-
-
-def tiny_llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                      pad_token_id=PAD, tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).eval()
+from pipeline import tables
+from pipeline.methods.base import EPS
+from pipeline.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
+from tests.conftest import PAD, batch, tiny_llama
+from tests.test_credit_methods import AE0, AE1, PER_EPISODE_STD, advantages
 
 
-def batch(n_groups=2, per_group=4, turns=2, seed=0):
-    """Turns of n_groups x per_group episodes; half of each group's episodes succeed."""
-    rng = np.random.default_rng(seed)
-    prompts, responses, turn_ep, ep_group, ep_success = [], [], [], [], []
-    e = 0
-    for g in range(n_groups):
-        for k in range(per_group):
-            for _ in range(turns):
-                prompts.append(rng.integers(1, 40, size=int(rng.integers(3, 7))).tolist())
-                responses.append(rng.integers(1, 40, size=int(rng.integers(1, 4))).tolist())
-                turn_ep.append(e)
-            ep_group.append(g)
-            ep_success.append(k % 2 == 0)
-            e += 1
-    return prompts, responses, np.array(turn_ep), np.array(ep_group), np.array(ep_success)
+def test_oprl_advantages_by_hand():
+    a = advantages("oprl", episode=PER_EPISODE_STD)
+    # group 0 values r_phi (in 1/30): 9 3 6 | 0 -6 0 3 | 3 0: mean 1/15, unbiased std sqrt(144/900/8) = sqrt(0.02)
+    s0 = math.sqrt(0.02)
+    assert a[(0, 0)] == pytest.approx(AE0 + (0.3 - 1 / 15) / (s0 + EPS))
+    assert a[(1, 1)] == pytest.approx(AE1 - 0.1 + (-0.2 - 1 / 15) / (s0 + EPS))
+    assert a[(2, 1)] == pytest.approx(AE1 + (0 - 1 / 15) / (s0 + EPS))
+    # group 1: (0.2, 0.2, 0.4), mean 4/15, unbiased std sqrt(3)/15; A^E 0
+    s1 = math.sqrt(3) / 15
+    assert a[(4, 0)] == pytest.approx((2 / 15) / (s1 + EPS))
+    assert a[(3, 1)] == pytest.approx((-1 / 15) / (s1 + EPS))
+    half = advantages("oprl", alpha=0.5)
+    assert half[(0, 0)] == pytest.approx(2 / 3 + 0.5 * (0.3 - 1 / 15) / (s0 + EPS))
 
 
 def test_pairwise_loss_by_hand():
@@ -57,12 +48,6 @@ def test_episode_scores_sum_and_mean():
     te = torch.tensor([0, 0, 1])
     assert episode_scores(r, te, 2, "sum").tolist() == [3.0, 3.0]
     assert episode_scores(r, te, 2, "mean").tolist() == [1.5, 3.0]
-
-
-def test_spa_loss_by_hand():
-    c = torch.tensor([0.2, 0.3, 1.0])
-    loss = spa_loss(c, torch.tensor([0, 0, 1]), torch.tensor([1.0, 0.0]))
-    assert float(loss) == pytest.approx(((0.5 - 1) ** 2 + 1.0 ** 2) / 2)
 
 
 def test_oprl_step_rewards_are_exactly_zero_while_the_prm_is_the_rollout_policy():
@@ -116,19 +101,17 @@ def test_oprl_gradient_through_chunks_equals_one_big_batch():
     assert torch.allclose(grads[0], ref, atol=1e-6) and torch.allclose(grads[1], ref, atol=1e-6)
 
 
-def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
-    tiny_llama().save_pretrained(tmp_path / "policy")
-    est = ProgressEstimator.from_policy(tmp_path / "policy")
-    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
-    outcome = ep_success.astype(np.float64)
-    assert (est.contributions(prompts, responses, PAD, 16) == 0).all()     # zero head: c_t = 0
-    cfg = SpaConfig(lr=3e-3, epochs=30, episodes_per_batch=6, batch_size=16)
-    opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
-    stats = train_progress(est, opt, prompts, responses, turn_ep, outcome, cfg, PAD, seed=0)
-    first, last = stats["estimator_loss_epoch_0"], stats[f"estimator_loss_epoch_{cfg.epochs - 1}"]
-    assert first == pytest.approx(0.5, abs=0.05)            # (0 - 1)^2 for half the episodes at the start
-    assert last < 0.25 * first
-    c = est.contributions(prompts, responses, PAD, 16)
-    est.save(tmp_path / "est")
-    again = ProgressEstimator.load(tmp_path / "est")
-    assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
+@pytest.mark.e2e
+def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
+    """At iteration 1 the PRM is a copy of the initial policy, which also played the rollouts (spec, OPRL)."""
+    d = method_runs[0]["oprl"]
+    r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
+    assert r1.height > 0 and (r1["score"] == 0.0).all()
+    r2 = tables.read_table(d / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
+    assert (r2["score"] != 0.0).any()  # the policy has moved since: log pi_phi - log pi_old is no longer 0
+    assert (d / "results/iter_2/reward_model/optimizer.pt").is_file()
+    # the drift report: the PRM has not moved from the initial policy (the tiny run has no success/failure pairs
+    # to train it on) while the policy has, so r_phi is exactly beta (log pi_init - log pi_old)
+    metrics = [json.loads(x) for x in (d / "results/metrics/fit_2.jsonl").read_text().splitlines()]
+    fit = {k: v for m in metrics for k, v in m["metrics"].items()}
+    assert fit["fit/prm_drift"] == 0.0 and fit["fit/policy_drift"] > 0 and fit["fit/drift_corr"] == pytest.approx(1.0)

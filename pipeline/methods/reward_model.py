@@ -1,0 +1,109 @@
+"""The interface of a learned step-reward model (credit-assignment.md, OPRL; SPA), and one fit iteration of it.
+
+The state after iteration i lives in `iter_i/reward_model/` (a model folder, optimiser state included) plus the
+model's `extra_tables` beside it (SPA's replay). `reward_init` writes iteration 0's from the initial policy; each
+iteration the fit stage loads the state of i-1, prepares this iteration's turns, fits and scores them (in the
+order the method says), and saves the state of i. The credit-quality benchmark runs the same calls in memory.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+OPTIMIZER_FILE = "optimizer.pt"
+Log = Callable[[str], None] | None
+
+
+class StepRewardModel(ABC):
+    extra_tables: dict[str, pa.Schema] = {}  # file name in the iteration folder -> its schema
+
+    @abstractmethod
+    def init(self, policy_dir: Path, params) -> Any:
+        """The model before any RL, built from the initial policy's folder."""
+
+    @abstractmethod
+    def load(self, model_dir: Path, tables: dict[str, pl.DataFrame], params) -> Any:
+        """The state saved by `save` (the model folder and the extra tables)."""
+
+    @abstractmethod
+    def save(self, state, model_dir: Path) -> dict[str, pl.DataFrame]:
+        """Write the model folder (an empty temporary folder); return the extra tables to write beside it."""
+
+    @abstractmethod
+    def prepare(self, state, steps: pl.DataFrame, rollout_policy: Path, initial_policy: Path, iteration: int,
+                params) -> Any:
+        """What `fit` and `score` read for this iteration's turns (`steps` sorted by episode and step)."""
+
+    @abstractmethod
+    def fit(self, state, batch, iteration: int, params, log: Log = None) -> dict[str, float]:
+        """Train on this iteration; returns statistics to log."""
+
+    @abstractmethod
+    def score(self, state, batch, params) -> np.ndarray:
+        """The per-turn score the advantage function reads (`score` column), in `steps`' row order."""
+
+    def score_first(self, params) -> bool:
+        """Whether the turns are scored with the model as it was before this iteration's fit."""
+        return False
+
+    def diagnostics(self, state, batch, scores: np.ndarray, params) -> dict[str, float]:
+        return {}
+
+
+def fit_iteration(model: StepRewardModel, state, steps: pl.DataFrame, rollout_policy: Path, initial_policy: Path,
+                  iteration: int, params, log: Log = None) -> tuple[np.ndarray, dict[str, float]]:
+    """One iteration of `model`: prepare, then fit and score in the method's order; returns (scores, stats)."""
+    steps = steps.sort("episode_id", "step")
+    batch = model.prepare(state, steps, rollout_policy, initial_policy, iteration, params)
+    if model.score_first(params):
+        scores = model.score(state, batch, params)
+        stats = model.fit(state, batch, iteration, params, log)
+    else:
+        stats = model.fit(state, batch, iteration, params, log)
+        scores = model.score(state, batch, params)
+    scores = np.asarray(scores, dtype=np.float64)
+    if not np.isfinite(scores).all():
+        raise ValueError(f"iteration {iteration}: the step-reward model gave non-finite scores")
+    stats = dict(stats)
+    stats["score_abs_mean"] = float(np.abs(scores).mean()) if len(scores) else 0.0
+    stats.update(model.diagnostics(state, batch, scores, params))
+    return scores, stats
+
+
+def adamw(parameters, lr: float, state_file: Path | None = None):
+    """AdamW on `parameters`, resumed from `state_file` when it exists (its learning rate set to `lr`)."""
+    import torch
+
+    opt = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    if state_file is not None and state_file.is_file():
+        opt.load_state_dict(torch.load(state_file, weights_only=True, map_location="cpu"))
+        for g in opt.param_groups:
+            g["lr"] = lr
+    return opt
+
+
+def save_state(model: StepRewardModel, state, model_dir: Path, iter_dir: Path) -> None:
+    """Write `state` as `model_dir` (atomically, whole) and its extra tables into `iter_dir`."""
+    from pipeline.tables import atomic_dir, write_table
+
+    with atomic_dir(model_dir) as tmp:
+        tables = model.save(state, tmp)
+    for name, df in tables.items():
+        write_table(df, iter_dir / name, model.extra_tables[name])
+
+
+def load_state(model: StepRewardModel, model_dir: Path, iter_dir: Path, params):
+    """The state `save_state` wrote; a clear error when the folder or a table is missing."""
+    from pipeline.tables import read_table
+
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: step-reward model missing; run the reward_init or fit stage")
+    tables = {name: read_table(iter_dir / name, schema) for name, schema in model.extra_tables.items()}
+    return model.load(model_dir, tables, params)

@@ -1,0 +1,71 @@
+"""Mixed-precision training: fp32 master weights, compute in the policy's dtype (`policy.dtype`).
+
+A model that is trained (the policy in the warm start and the update, OPRL's PRM, SPA's estimator) is loaded with
+fp32 weights and marked with the dtype its forward passes run in; `autocast(model)` then casts the matrix
+multiplications to bf16 or fp16. The optimiser updates the fp32 weights, so an update far below bf16's resolution
+(lr 1e-6 on weights of size 1e-2) still accumulates instead of rounding away, and checkpoints keep the fp32
+weights: rollout and evaluate load them cast to `policy.dtype`. fp16 also scales the loss (`GradScaler`) so that
+small gradients do not flush to zero; a step whose scaled gradients overflow is skipped, as torch.amp does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTR = "creditrl_compute_dtype"
+
+
+def mark(model, dtype: str):
+    """Keep `model`'s weights in fp32 and have its forward passes run in `dtype` (a `policy.dtype` name)."""
+    model.float()
+    setattr(model, ATTR, DTYPES[dtype])
+    return model
+
+
+def compute_dtype(model) -> torch.dtype | None:
+    return getattr(model, ATTR, None)
+
+
+def autocast(model):
+    """A context running `model`'s forward in its marked compute dtype (nothing for fp32 or unmarked models)."""
+    dtype = compute_dtype(model)
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class Stepper:
+    """Backward and optimiser step with fp16 loss scaling where the model computes in fp16."""
+
+    def __init__(self, model, optimizer, grad_clip: float):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer
+        self.grad_clip = grad_clip
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=compute_dtype(model) == torch.float16)
+        self.skipped = 0  # fp16 steps skipped for overflowing gradients
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, where: str) -> float:
+        """Clip and apply the accumulated gradients; returns the gradient norm. A non-finite norm stops training
+        (`NonFiniteError` naming `where`), except under fp16 scaling, where the scaler skips the step and lowers
+        its scale."""
+        self.scaler.unscale_(self.optimizer)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        if not math.isfinite(norm) and not self.scaler.is_enabled():
+            raise NonFiniteError(f"gradient norm is {norm} at {where}")
+        self.skipped += not math.isfinite(norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return norm
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss or gradient went NaN/inf: training stops before anything is written."""

@@ -1,0 +1,99 @@
+"""Mixed precision keeps fp32 master weights (pipeline.precision), and log-probs are taken at the sampling
+temperature (credit-assignment.md, Policy update)."""
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from pipeline.config import UpdateConfig
+from pipeline.policy import generate, load_policy
+from pipeline.ppo import ppo_update, sequence_logprobs
+from pipeline.precision import compute_dtype
+
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=PAD, eos_token_id=EOS,
+                      tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{f"t{i}": i for i in range(2, 48)}}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+                                  pad_token="<pad>", eos_token="<eos>")
+    tok.save_pretrained(d)
+    return d
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 48, (5,), generator=g).tolist() for _ in range(8)]
+    responses = [torch.randint(2, 48, (3,), generator=g).tolist() for _ in range(8)]
+    return prompts, responses, [1.0, -1.0] * 4
+
+
+def one_step(model, lr: float):
+    prompts, responses, adv = batch()
+    old = sequence_logprobs(model, prompts, responses, PAD, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    cfg = UpdateConfig(lr=lr, epochs=1, minibatch_size=8)
+    return ppo_update(model, opt, prompts, responses, adv, old, cfg, PAD, seed=0)
+
+
+def q_proj(model) -> torch.Tensor:
+    return model.model.layers[0].self_attn.q_proj.weight.detach().float().clone()
+
+
+def test_bf16_training_keeps_fp32_master_weights_that_move_at_lr_1e_6(folder, tmp_path):
+    model, tok = load_policy(folder, "bfloat16", train=True)
+    assert compute_dtype(model) == torch.bfloat16 and model.dtype == torch.float32
+    before = q_proj(model)
+    one_step(model, 1e-6)
+    model.save_pretrained(tmp_path / "after")                  # checkpoints keep the fp32 master weights
+    after = LlamaForCausalLM.from_pretrained(tmp_path / "after", dtype="auto")
+    assert after.dtype == torch.float32 and (q_proj(after) != before).float().mean() > 0.9
+    # the same step on weights stored in bf16 rounds almost every change away (1e-6 is far below bf16's
+    # resolution except for weights within about 1e-4 of zero)
+    plain, _ = load_policy(folder, "bfloat16")
+    plain_before = q_proj(plain)
+    one_step(plain, 1e-6)
+    assert (q_proj(plain) != plain_before).float().mean() < 0.05
+
+
+def test_bf16_forward_runs_in_bf16_and_fp16_scales_its_loss(folder):
+    fp32, _ = load_policy(folder, "float32", train=True)
+    bf16, _ = load_policy(folder, "bfloat16", train=True)
+    prompts, responses, _ = batch()
+    a = torch.cat(sequence_logprobs(fp32, prompts, responses, PAD, 8))
+    b = torch.cat(sequence_logprobs(bf16, prompts, responses, PAD, 8))
+    assert 0 < (a - b).abs().max() < 0.1                       # bf16 matmuls: close, not equal
+    fp16, _ = load_policy(folder, "float16", train=True)
+    before = q_proj(fp16)
+    stats = one_step(fp16, 1e-4)
+    assert stats["skipped_steps"] == 0 and (q_proj(fp16) != before).float().mean() > 0.9
+
+
+def test_log_pi_old_is_taken_at_the_sampling_temperature(folder):
+    model, tok = load_policy(folder, "float32")
+    prompts, _, _ = batch()
+    gens = generate(model, tok, prompts, 4, 0.7, seed=5)
+    responses = [g.response_ids for g in gens]
+    engine = torch.cat([torch.tensor(g.logprobs) for g in gens])
+    at_t = torch.cat(sequence_logprobs(model, prompts, responses, PAD, 8, temperature=0.7))
+    assert torch.exp(at_t - engine).sub(1).abs().max() < 1e-4  # the ratio of an unchanged policy is 1
+    at_1 = torch.cat(sequence_logprobs(model, prompts, responses, PAD, 8))
+    assert (at_1 - engine).abs().max() > 0.05                  # at temperature 1 it would not be
+    # and PPO at that temperature starts from ratio 1: nothing clipped, no KL, on the first minibatch
+    cfg = UpdateConfig(epochs=1, minibatch_size=64, lr=1e-3)
+    stats = ppo_update(copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=0.0), prompts, responses,
+                       [1.0] * 8, sequence_logprobs(model, prompts, responses, PAD, 8, temperature=0.7), cfg, PAD,
+                       seed=0, temperature=0.7)
+    assert stats["clipfrac"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
