@@ -1,0 +1,85 @@
+"""SPA (credit-assignment.md, SPA): its advantages on the hand-computed table, the progress estimator on fixed
+synthetic batches, and the fit stage's replay end to end."""
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import tables
+from pipeline.methods.spa import REPLAY, ProgressEstimator, SpaConfig, spa_loss, train_progress
+from tests.conftest import PAD, batch, tiny_llama
+from tests.test_credit_methods import advantages
+
+
+def test_spa_advantages_by_hand():
+    a = advantages("spa", gamma=0.5, mode="mean_norm")
+    # r = c + 0.5 * valid. ep 0: (0.8, 0.6, 0.7) -> G (1.275, 0.95, 0.7)
+    # ep 1: (0.5, -0.2, 0.5, 0.6) -> G (0.6, 0.2, 0.8, 0.6); ep 2: (0.6, 0.5) -> (0.85, 0.5)
+    m0 = (1.275 + 0.95 + 0.7 + 0.6 + 0.2 + 0.8 + 0.6 + 0.85 + 0.5) / 9
+    assert a[(0, 0)] == pytest.approx(2 / 3 + 1.275 - m0)
+    assert a[(1, 1)] == pytest.approx(-1 / 3 + 0.2 - m0 - 0.1)
+    assert a[(2, 0)] == pytest.approx(-1 / 3 + 0.85 - m0)
+    # group 1: ep 3 (0.7, 0.7) -> (1.05, 0.7); ep 4: 0.9
+    m1 = (1.05 + 0.7 + 0.9) / 3
+    assert a[(4, 0)] == pytest.approx(0.9 - m1) and a[(3, 0)] == pytest.approx(1.05 - m1)
+    scores = advantages("spa", "step_score", gamma=0.5)
+    assert scores[(0, 0)] == pytest.approx(1.275) and scores[(1, 1)] == pytest.approx(0.2)
+    no_ground = advantages("spa", "step_score", gamma=0.5, grounding_w=0.0, progress_w=2.0)
+    # ep 1 with r = 2c: (0, -0.4, 0, 0.2) -> G_1 = -0.4 + 0.5 * (0 + 0.5 * 0.2) = -0.35
+    assert no_ground[(4, 0)] == pytest.approx(0.8) and no_ground[(1, 1)] == pytest.approx(-0.35)
+    # gamma 0: the step term is the turn's own step reward
+    own = advantages("spa", "step_score", gamma=0.0)
+    assert own[(0, 0)] == pytest.approx(0.8) and own[(1, 1)] == pytest.approx(-0.2)
+
+
+def test_spa_loss_by_hand():
+    c = torch.tensor([0.2, 0.3, 1.0])
+    loss = spa_loss(c, torch.tensor([0, 0, 1]), torch.tensor([1.0, 0.0]))
+    assert float(loss) == pytest.approx(((0.5 - 1) ** 2 + 1.0 ** 2) / 2)
+
+
+def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    est = ProgressEstimator.from_policy(tmp_path / "policy")
+    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
+    outcome = ep_success.astype(np.float64)
+    assert (est.contributions(prompts, responses, PAD, 16) == 0).all()     # zero head: c_t = 0
+    cfg = SpaConfig(lr=3e-3, epochs=30, episodes_per_batch=6, batch_size=16)
+    opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
+    stats = train_progress(est, opt, prompts, responses, turn_ep, outcome, cfg, PAD, seed=0)
+    first, last = stats["estimator_loss_epoch_0"], stats[f"estimator_loss_epoch_{cfg.epochs - 1}"]
+    assert first == pytest.approx(0.5, abs=0.05)            # (0 - 1)^2 for half the episodes at the start
+    assert last < 0.25 * first
+    c = est.contributions(prompts, responses, PAD, 16)
+    est.save(tmp_path / "est")
+    again = ProgressEstimator.load(tmp_path / "est")
+    assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
+
+
+def test_spa_replay_travels_beside_the_estimator_in_both_workflows():
+    import yaml
+
+    from pipeline.config import load_params
+    from pipeline.dvcgen import render
+    from pipeline.registry import STAGE_BY_NAME, deps_for
+    from tests.conftest import ROOT
+
+    base = load_params(ROOT / "params.yaml")
+    p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": "spa"})})
+    doc = yaml.safe_load(render(p))["stages"]
+    assert "results/iter_0/replay.parquet" in doc["reward_init"]["outs"]
+    assert "results/iter_${item.prev}/replay.parquet" in doc["fit"]["do"]["deps"]
+    assert "results/iter_${item.it}/replay.parquet" in doc["fit"]["do"]["outs"]
+    assert "results/iter_2/replay.parquet" in deps_for(STAGE_BY_NAME["fit"], p, 3)         # Snakemake's inputs
+    assert "results/iter_3/replay.parquet" in STAGE_BY_NAME["fit"].outs_for(p)[-1].replace("{it}", "3")
+
+
+@pytest.mark.e2e
+def test_spa_replay_keeps_recent_iterations(method_runs):
+    d = method_runs[0]["spa"]
+    replay = tables.read_table(d / "results/iter_2/replay.parquet", REPLAY)
+    steps1 = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    steps2 = tables.read_table(d / "results/iter_2/steps.parquet", tables.STEPS)
+    assert sorted(replay["iteration"].unique().to_list()) == [1, 2]       # window of 3 holds both
+    assert replay.height == steps1.height + steps2.height
+    assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
