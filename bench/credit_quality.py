@@ -30,7 +30,7 @@ from pipeline.methods import compute_advantages
 from pipeline.envs.sokoban import ACTIONS, Solver, parse_grid
 from pipeline.grouping import build_groups, hgpo_depth
 from pipeline.prompting import parse_action
-from pipeline.tables import STEPS, read_table, write_text_atomic
+from pipeline.tables import ADVANTAGES, GROUPS, STEPS, read_table, write_text_atomic
 
 
 def oracle_labels(steps: pl.DataFrame) -> pl.Series:
@@ -90,6 +90,23 @@ def score_advantages(adv: pl.DataFrame) -> dict[str, float]:
             "auc_step_term": roc_auc(judged["step_advantage"].to_numpy(), labels),
             "share_nonzero_step_signal": float((adv["step_advantage"] != 0).mean()) if adv.height else 0.0,
             "turns": adv.height}
+
+
+def run_credit(results: Path) -> pl.DataFrame:
+    """The oracle credit quality of the advantages a finished run trained on, per iteration: ROC-AUC of the
+    advantage and of the step term, the share of turns with a step signal, and the step-group sizes (the share of
+    turns in a non-singleton anchor group, credit-assignment.md, GiGPO)."""
+    rows = []
+    for it in sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/advantages.parquet")):
+        d = results / f"iter_{it}"
+        steps = read_table(d / "steps.parquet", STEPS).sort("episode_id", "step")
+        adv = read_table(d / "advantages.parquet", ADVANTAGES).join(
+            steps.select("episode_id", "step", oracle_labels(steps)), on=["episode_id", "step"])
+        groups = read_table(d / "groups.parquet", GROUPS)
+        rows.append({"iteration": it, **score_advantages(adv),
+                     "share_turns_in_nonsingleton": float((groups["step_group_size"] > 1).mean()),
+                     "mean_step_group_size": float(groups["step_group_size"].mean())})
+    return pl.DataFrame(rows)
 
 
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,

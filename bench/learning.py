@@ -11,8 +11,11 @@ steps. Each run is a normal pipeline run in `<work>/<method>_s<seed>/` (its own 
 files), logged to the repository's MLflow store like any run. Output in `--out`:
 
 - learning_curves.csv: success rate per method, seed and iteration (held-out evaluation);
-- learning.csv: per method, mean and standard deviation over seeds of the final success, the best success and
-  the area under the curve (mean success over iterations 0..T);
+- learning.csv: per method, mean and standard deviation over seeds of the final success, the best success, the
+  area under the curve (mean success over iterations 0..T) and the gain (final minus iteration 0), beside the
+  mean oracle ROC-AUC of the step term and of the advantage the runs trained on (Sokoban's oracle);
+- learning_credit.csv: that oracle credit quality per method, seed and iteration, with the share of turns with a
+  step signal and in non-singleton anchor groups;
 - learning_vs_grpo.csv: per method, the per-seed difference from GRPO's final success (mean, std);
 - learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
 """
@@ -102,19 +105,37 @@ def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
     return pl.concat(frames).select("method", "seed", "iteration", "success_rate")
 
 
-def summarise(curves: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per method: final, best and area under the curve (mean over iterations), mean and std over seeds; and the
-    per-seed difference of each method's final success from GRPO's."""
+def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
+    """The oracle credit quality of every run's own advantages, per iteration (`bench.credit_quality.run_credit`)."""
+    from bench.credit_quality import run_credit
+
+    frames = [run_credit(work / f"{m}_s{s}" / "results").with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed"))
+              for m in methods for s in seeds]
+    return pl.concat(frames).select("method", "seed", pl.all().exclude("method", "seed"))
+
+
+def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per method: final, best and area under the curve (mean over iterations), the gain (final minus iteration 0),
+    mean and std over seeds, and with `credit` the mean oracle ROC-AUC of the step term and of the advantage over
+    the runs' iterations; and the per-seed difference of each method's final success from GRPO's."""
     last = curves["iteration"].max()
     per_run = curves.group_by("method", "seed", maintain_order=True).agg(
         pl.col("success_rate").filter(pl.col("iteration") == last).first().alias("final"),
         pl.col("success_rate").max().alias("best"),
         pl.col("success_rate").mean().alias("auc"),
+        (pl.col("success_rate").filter(pl.col("iteration") == last).first()
+         - pl.col("success_rate").filter(pl.col("iteration") == 0).first()).alias("gain"),
     )
     table = per_run.group_by("method", maintain_order=True).agg(
         pl.len().alias("seeds"),
-        *[e for k in ("final", "best", "auc")
+        *[e for k in ("final", "best", "auc", "gain")
           for e in (pl.col(k).mean().alias(f"{k}_mean"), pl.col(k).std().alias(f"{k}_std"))])
+    if credit is not None and credit.height:
+        oracle = credit.group_by("method", maintain_order=True).agg(
+            pl.col("auc_step_term").mean().alias("oracle_auc_step_term"),
+            pl.col("auc").mean().alias("oracle_auc_advantage"),
+            pl.col("share_nonzero_step_signal").mean().alias("share_nonzero_step_signal"))
+        table = table.join(oracle, on="method", how="left", maintain_order="left")
     vs = pl.DataFrame()
     if "grpo" in per_run["method"].to_list():
         g = per_run.filter(pl.col("method") == "grpo").select("seed", pl.col("final").alias("grpo_final"))
@@ -152,12 +173,16 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: bool = True) -> pl.DataFrame:
+def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: bool = True,
+           oracle: bool = True) -> pl.DataFrame:
     curves = collect(work, methods, seeds)
-    table, vs = summarise(curves)
+    credit = collect_credit(work, methods, seeds) if oracle else None
+    table, vs = summarise(curves, credit)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "learning_curves.csv", curves.write_csv())
     write_text_atomic(out / "learning.csv", table.write_csv())
+    if credit is not None:
+        write_text_atomic(out / "learning_credit.csv", credit.write_csv())
     if vs.height:
         write_text_atomic(out / "learning_vs_grpo.csv", vs.write_csv())
     plot(curves, out / "learning.png")
@@ -169,9 +194,11 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
         from bench import log_run
 
         metrics = {f"{r['method']}_{k}": r[k] for r in table.iter_rows(named=True)
-                   for k in ("final_mean", "best_mean", "auc_mean") if r[k] is not None}
+                   for k in ("final_mean", "best_mean", "auc_mean", "gain_mean", "oracle_auc_step_term")
+                   if r.get(k) is not None and r[k] == r[k]}
         log_run("learning", {"methods": methods, "seeds": seeds, "work": str(work.resolve())}, metrics,
-                [out / "learning.csv", out / "learning_curves.csv", out / "learning.png"])
+                [out / f for f in ("learning.csv", "learning_curves.csv", "learning.png", "learning_credit.csv")
+                 if (out / f).exists()])
     return table
 
 
@@ -185,11 +212,12 @@ def main(argv=None) -> None:
     ap.add_argument("--jobs", type=int, default=1, help="runs at the same time")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores for each run")
     ap.add_argument("--report-only", action="store_true", help="only collect finished runs")
+    ap.add_argument("--no-oracle", action="store_true", help="skip scoring the runs' advantages against the oracle")
     ap.add_argument("--no-mlflow", action="store_true")
     args = ap.parse_args(argv)
     if not args.report_only:
         run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores)
-    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow)
+    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle)
 
 
 if __name__ == "__main__":

@@ -76,8 +76,14 @@ def test_learning_summary_by_hand():
         "success_rate": [0.1, 0.3, 0.2, 0.1, 0.2, 0.4,      # grpo: final 0.2, 0.4; best 0.3, 0.4
                          0.1, 0.5, 0.6, 0.1, 0.3, 0.5],     # gigpo: final 0.6, 0.5; best 0.6, 0.5
     })
-    table, vs = summarise(curves)
+    credit = pl.DataFrame({"method": ["grpo", "grpo", "gigpo", "gigpo"], "seed": [0, 1, 0, 1],
+                           "auc_step_term": [0.5, 0.5, 0.7, 0.6], "auc": [0.6, 0.62, 0.7, 0.72],
+                           "share_nonzero_step_signal": [0.0, 0.0, 0.9, 0.8]})
+    table, vs = summarise(curves, credit)
     rows = {r["method"]: r for r in table.iter_rows(named=True)}
+    assert rows["grpo"]["gain_mean"] == pytest.approx(0.2)                      # gains 0.1 and 0.3
+    assert rows["gigpo"]["oracle_auc_step_term"] == pytest.approx(0.65)
+    assert rows["gigpo"]["share_nonzero_step_signal"] == pytest.approx(0.85)
     assert rows["grpo"]["final_mean"] == pytest.approx(0.3) and rows["grpo"]["final_std"] == pytest.approx(0.1414214)
     assert rows["gigpo"]["best_mean"] == pytest.approx(0.55)
     assert rows["grpo"]["auc_mean"] == pytest.approx((0.6 / 3 + 0.7 / 3) / 2)

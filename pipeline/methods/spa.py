@@ -287,7 +287,7 @@ class ProgressModel(StepRewardModel):
 
         if not len(scores):
             return {}
-        loss = spa_loss(torch.as_tensor(scores), torch.as_tensor(b.turn_episode), torch.as_tensor(b.outcome))
+        loss = spa_loss(torch.tensor(scores), torch.tensor(b.turn_episode), torch.tensor(b.outcome))
         return {"estimator_loss_current": float(loss)}
 
 
