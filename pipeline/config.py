@@ -16,15 +16,14 @@ from pipeline.methods import METHODS as METHOD_REGISTRY
 from pipeline.methods import EpisodeConfig, Method
 from pipeline.schema import Section
 
-# Seed ranges keep the held-out evaluation tasks disjoint from training and warm-start tasks.
-TRAIN_SEED_BASE = 0
-WARMSTART_SEED_BASE = 800_000_000
-EVAL_SEED_BASE = 900_000_000
-SEEDS_PER_ITERATION = 1_000_000
+from pipeline.tasks import MAX_INDEX, MAX_ITERATION
+
+GROUPS_PER_ITERATION = 1_000_000  # task-group ids of iteration i are i * GROUPS_PER_ITERATION + index
 
 
 class LoopConfig(Section):
-    iterations: int = Field(6, ge=1, le=1000, description="RL iterations after iteration 0 (the initial policy)")
+    iterations: int = Field(6, ge=1, le=min(1000, MAX_ITERATION),
+                            description="RL iterations after iteration 0 (the initial policy)")
 
 
 class EnvConfig(Section):
@@ -45,7 +44,8 @@ class TinyModelConfig(Section):
     intermediate_size: int = Field(192, ge=16, description="Llama MLP size")
     num_hidden_layers: int = Field(2, ge=1, description="Llama layers")
     num_attention_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
-    tokenizer_corpus_episodes: int = Field(300, ge=10, description="random episodes rendered to train the tokenizer")
+    tokenizer_corpus_episodes: int = Field(300, ge=10, le=MAX_INDEX,
+                                           description="random episodes rendered to train the tokenizer")
 
     @model_validator(mode="after")
     def _heads_divide(self):
@@ -73,7 +73,7 @@ class PolicyConfig(Section):
 
 
 class WarmstartConfig(Section):
-    episodes: int = Field(1500, ge=0, description="solver-guided episodes turned into demonstrations")
+    episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="solver-guided episodes turned into demonstrations")
     random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")
@@ -84,8 +84,9 @@ class WarmstartConfig(Section):
 
 
 class RolloutConfig(Section):
-    tasks_per_iteration: int = Field(32, ge=1, lt=SEEDS_PER_ITERATION, description="task groups per iteration")
-    group_size: int = Field(8, ge=1, description="episodes per task (G)")
+    tasks_per_iteration: int = Field(32, ge=1, lt=GROUPS_PER_ITERATION, description="task groups per iteration")
+    group_size: int = Field(8, ge=1, le=1000, description="episodes per task (G); episode ids are "
+                            "task_group * 1000 + k")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
     batch_size: int = Field(256, ge=1, description="episodes generated together")
 
@@ -134,7 +135,7 @@ class UpdateConfig(Section):
 
 
 class EvaluateConfig(Section):
-    tasks: int = Field(128, ge=1, lt=SEEDS_PER_ITERATION, description="held-out tasks")
+    tasks: int = Field(128, ge=1, lt=GROUPS_PER_ITERATION, description="held-out tasks")
     episodes_per_task: int = Field(2, ge=1, le=64, description="sampled episodes per held-out task (more: less "
                                    "noise in the success rate)")
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
@@ -147,7 +148,8 @@ class TrackingConfig(Section):
 
 
 class RuntimeConfig(Section):
-    torch_threads: int = Field(0, ge=0, description="0: the cores given to the job by Snakemake, else all")
+    torch_threads: int = Field(0, ge=0, description="threads of torch, BLAS and polars in every stage, however it is "
+                               "started; 0: the cores Snakemake gives the job, else all cores")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="where the models run: auto (cuda when torch sees a GPU, else cpu), cpu, cuda "
                         "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import threads
 from pipeline.config import ParamsError, load_params
 from pipeline.tables import TableError
 
@@ -51,11 +51,11 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None) -
         print(f"error: --iteration {it} is outside 0..loop.iterations ({params.loop.iterations}) of {args.params}",
               file=sys.stderr)
         sys.exit(2)
-    n = params.runtime.torch_threads or int(os.environ.get("CREDITRL_THREADS", "0")) or os.cpu_count() or 1
-    # Set before torch is imported (stages that need no model never import it, which keeps their start-up short).
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    os.environ["MKL_NUM_THREADS"] = str(n)
-    return StageContext(params, args.params, it, stage, started)
+    n = threads.resolve(params.runtime.torch_threads)
+    threads.apply(n)                                          # stages/__init__.py exported it before any import
+    ctx = StageContext(params, args.params, it, stage, started)
+    ctx.log(f"{n} threads (runtime.torch_threads {params.runtime.torch_threads})")
+    return ctx
 
 
 @contextmanager

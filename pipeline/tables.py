@@ -1,7 +1,16 @@
-"""Declared schemas of the Parquet tables that stages exchange, atomic writes and checked reads.
+"""Declared tables that stages exchange: their schemas and content rules, atomic writes and checked reads.
 
 Column names follow Minari/TorchRL (`episode_id`, `step`, `reward`, `terminated`, `truncated`) and keep token
 columns as verl does (prompt and response ids, the response's per-token log-probs).
+
+A read accepts what other tools write for the declared columns: string, large_string, string_view and
+dictionary-encoded strings; list, large_list and list views; integers and floats of another width when every
+value fits. It casts them to the declared schema. It then checks the content and stops at the first problem,
+with one line naming the file, the column, the first offending turn and what was expected:
+- the table is not empty (where the table requires rows);
+- (episode_id, step) is unique, and the steps of each episode run 0, 1, 2, ... (step tables);
+- the reward, log-prob, score and advantage columns hold finite numbers.
+`check_same_turns` checks that a table joined to the step table covers exactly its turns.
 """
 
 from __future__ import annotations
@@ -10,13 +19,33 @@ import os
 import shutil
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-STEPS = pa.schema([
+KEYS = ("episode_id", "step")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A declared table: its schema and the content a read checks."""
+    schema: pa.Schema
+    keyed: bool = True               # one row per (episode_id, step)
+    contiguous: bool = False         # each episode's steps run 0, 1, 2, ... (tables of whole episodes)
+    finite: tuple[str, ...] = ()     # numeric or list-of-numeric columns that must be finite and not null
+    empty_ok: bool = False
+    what: str = "turn"               # what one row is, for messages
+
+    @property
+    def names(self) -> list[str]:
+        return self.schema.names
+
+
+STEPS_SCHEMA = pa.schema([
     ("iteration", pa.int32()),
     ("task_id", pa.int64()),          # the environment seed of the task
     ("task_group", pa.int64()),       # episodes of the same task in this iteration (GRPO's uid)
@@ -40,7 +69,9 @@ STEPS = pa.schema([
     ("env_error", pa.string()),       # null unless the environment raised during this episode
 ])
 
-GROUPS = pa.schema([
+STEPS = Table(STEPS_SCHEMA, contiguous=True, finite=("reward", "episode_return", "response_logprobs"))
+
+GROUPS_SCHEMA = pa.schema([
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
     ("task_group", pa.int64()),
@@ -50,13 +81,17 @@ GROUPS = pa.schema([
     ("history_groups", pa.list_(pa.int64())),  # HGPO: id of (task_group, last k anchors) for k = 1..depth
 ])
 
-STEP_REWARDS = pa.schema([            # the fit stage's learned per-turn scores (OPRL, SPA)
+GROUPS = Table(GROUPS_SCHEMA)
+
+STEP_REWARDS_SCHEMA = pa.schema([     # the fit stage's learned per-turn scores (OPRL, SPA)
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
     ("score", pa.float64()),          # OPRL: implicit reward r_phi(t) (beta included); SPA: contribution c_t
 ])
 
-ADVANTAGES = pa.schema([
+STEP_REWARDS = Table(STEP_REWARDS_SCHEMA, finite=("score",))
+
+ADVANTAGES_SCHEMA = pa.schema([
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
     ("episode_advantage", pa.float64()),  # A^E: the method's episode term (the shared one for all but RLOO)
@@ -66,7 +101,9 @@ ADVANTAGES = pa.schema([
     ("advantage", pa.float64()),          # episode_advantage + step_advantage - penalty
 ])
 
-EVAL_EPISODES = pa.schema([
+ADVANTAGES = Table(ADVANTAGES_SCHEMA, finite=("episode_advantage", "step_advantage", "penalty", "advantage"))
+
+EVAL_EPISODES_SCHEMA = pa.schema([
     ("iteration", pa.int32()),
     ("task_id", pa.int64()),
     ("episode_return", pa.float64()),
@@ -75,6 +112,7 @@ EVAL_EPISODES = pa.schema([
     ("invalid_turns", pa.int32()),
     ("optimal_moves", pa.int32()),    # solver's optimal solution length of the start state
 ])
+EVAL_EPISODES = Table(EVAL_EPISODES_SCHEMA, keyed=False, finite=("episode_return",), what="episode")
 
 
 class TableError(ValueError):
@@ -91,43 +129,149 @@ def _tmp_name(path: Path, clean: bool = True) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
-def write_table(df: pl.DataFrame, path: str | Path, schema: pa.Schema) -> None:
-    """Write `df` with exactly `schema`'s columns and types, to a temporary name and then rename."""
+def _schema(table: Table | pa.Schema) -> pa.Schema:
+    return table.schema if isinstance(table, Table) else table
+
+
+def write_table(df: pl.DataFrame, path: str | Path, table: Table | pa.Schema) -> None:
+    """Write `df` with exactly the declared columns and types, to a temporary name and then rename."""
     path = Path(path)
+    schema = _schema(table)
     missing = [n for n in schema.names if n not in df.columns]
     if missing:
         raise TableError(f"{path}: cannot write, columns {missing} are missing from the frame")
-    table = df.select(schema.names).to_arrow().cast(schema)
+    arrow = df.select(schema.names).to_arrow().cast(schema)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
     try:
-        pq.write_table(table, tmp)
+        pq.write_table(arrow, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def empty_table(schema: pa.Schema) -> pl.DataFrame:
-    """A frame with `schema`'s columns and no rows."""
-    return pl.from_arrow(schema.empty_table())
+def empty_table(table: Table | pa.Schema) -> pl.DataFrame:
+    """A frame with the declared columns and no rows."""
+    return pl.from_arrow(_schema(table).empty_table())
 
 
-def read_table(path: str | Path, schema: pa.Schema) -> pl.DataFrame:
-    """Read a table and check it against `schema`: one clear error naming the file and column otherwise."""
+_STRINGS = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", lambda t: False))
+_LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+          getattr(pa.types, "is_list_view", lambda t: False), getattr(pa.types, "is_large_list_view", lambda t: False))
+
+
+def equivalent(got: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of type `got` holds what the declared `want` holds (string and list variants,
+    dictionary-encoded values, integers or floats of another width); the cast then checks each value fits."""
+    if got == want:
+        return True
+    if pa.types.is_dictionary(got):
+        return equivalent(got.value_type, want)
+    if any(f(got) for f in _STRINGS) and any(f(want) for f in _STRINGS):
+        return True
+    if any(f(got) for f in _LISTS) and any(f(want) for f in _LISTS):
+        return equivalent(got.value_type, want.value_type)
+    if pa.types.is_integer(got) and pa.types.is_integer(want):
+        return True
+    return pa.types.is_floating(got) and pa.types.is_floating(want)
+
+
+def conform(arrow: pa.Table, schema: pa.Schema, path: Path) -> pa.Table:
+    """The declared columns of `arrow`, cast to `schema`; one clear error for a missing or unreadable column."""
+    columns = []
+    for field in schema:
+        if field.name not in arrow.schema.names:
+            raise TableError(f"{path}: column '{field.name}' is missing; expected type {field.type}")
+        col = arrow.column(field.name)
+        if col.type != field.type:
+            if not equivalent(col.type, field.type):
+                raise TableError(f"{path}: column '{field.name}' has type {col.type}; expected {field.type}")
+            try:
+                col = col.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise TableError(f"{path}: column '{field.name}' of type {col.type} does not fit the declared "
+                                 f"{field.type}: {str(e).splitlines()[0]}") from None
+        columns.append(col)
+    return pa.table(columns, schema=schema)
+
+
+def _key(df: pl.DataFrame, row: int) -> str:
+    return f"episode_id {df['episode_id'][row]}, step {df['step'][row]}"
+
+
+def check_rows(df: pl.DataFrame, table: Table, path: Path) -> None:
+    """The content rules of `table` (module docstring) on a frame already cast to its schema."""
+    if df.height == 0:
+        if table.empty_ok:
+            return
+        raise TableError(f"{path}: the table has no rows; expected at least one {table.what}")
+    for name in table.finite:
+        col = pl.col(name)
+        if isinstance(df.schema[name], pl.List):
+            bad = col.list.eval(pl.element().is_null() | ~pl.element().is_finite()).list.any() | col.is_null()
+        else:
+            bad = col.is_null() | ~col.is_finite()
+        rows = df.select(bad.alias("_bad"))["_bad"]
+        if rows.any():
+            first = int(rows.arg_max())
+            value = df[name][first]
+            value = value.to_list() if isinstance(value, pl.Series) else value
+            where = _key(df, first) if table.keyed else f"row {first}"
+            raise TableError(f"{path}: column '{name}' holds {value!r} at {where} (first of {int(rows.sum())} "
+                             f"such rows); expected finite numbers")
+    if not table.keyed:
+        return
+    order = df.select(*KEYS).with_row_index("_row").sort(*KEYS)
+    ep, step = order["episode_id"].to_numpy(), order["step"].to_numpy()
+    dup = np.flatnonzero((ep[1:] == ep[:-1]) & (step[1:] == step[:-1]))
+    if len(dup):
+        row = int(order["_row"][int(dup[0]) + 1])
+        raise TableError(f"{path}: turn ({_key(df, row)}) appears more than once ({len(dup)} duplicated rows); "
+                         f"expected one row per (episode_id, step)")
+    if table.contiguous:
+        first = np.r_[True, ep[1:] != ep[:-1]]
+        start = np.maximum.accumulate(np.where(first, np.arange(len(ep)), 0))
+        gap = np.flatnonzero(step != np.arange(len(ep)) - start)
+        if len(gap):
+            i = int(gap[0])
+            steps = step[start[i]: start[i] + 6].tolist()
+            raise TableError(f"{path}: episode_id {ep[i]} has steps {steps}{' ...' if i - start[i] > 5 else ''}; "
+                             f"expected 0, 1, 2, ... without gaps (first gap before step {step[i]})")
+
+
+def read_table(path: str | Path, table: Table | pa.Schema) -> pl.DataFrame:
+    """Read a table, cast it to its declared schema and check its content (module docstring): one clear error
+    naming the file and column otherwise. A bare schema is cast and not checked."""
     path = Path(path)
+    schema = _schema(table)
     if not path.is_file():
         raise TableError(f"{path}: table not found (expected a Parquet file written by an earlier stage)")
     try:
-        table = pq.read_table(path)
+        arrow = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise TableError(f"{path}: not a readable Parquet file (truncated or corrupted?): {e}") from None
-    for field in schema:
-        if field.name not in table.schema.names:
-            raise TableError(f"{path}: column '{field.name}' is missing; expected type {field.type}")
-        got = table.schema.field(field.name).type
-        if got != field.type:
-            raise TableError(f"{path}: column '{field.name}' has type {got}; expected {field.type}")
-    return pl.from_arrow(table.select(schema.names))
+    df = pl.from_arrow(conform(arrow, schema, path))
+    if isinstance(table, Table):
+        check_rows(df, table, path)
+    return df
+
+
+def check_same_turns(steps: pl.DataFrame, steps_path: Path, other: pl.DataFrame, other_path: Path,
+                     rerun: str) -> None:
+    """`other` (a table joined to the step table) covers exactly the turns of `steps`; else one error with the
+    counts of missing and extra turns and the first of each."""
+    keys = list(KEYS)
+    a, b = steps.select(keys), other.select(keys)
+    missing = a.join(b, on=keys, how="anti").sort(keys)
+    extra = b.join(a, on=keys, how="anti").sort(keys)
+    if missing.height or extra.height:
+        parts = []
+        if missing.height:
+            parts.append(f"{missing.height} of its turns missing (first: {_key(missing, 0)})")
+        if extra.height:
+            parts.append(f"{extra.height} turns that {steps_path} lacks (first: {_key(extra, 0)})")
+        raise TableError(f"{other_path} does not cover the turns of {steps_path}: " + ", ".join(parts)
+                         + f"; rerun the {rerun} stage")
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from pipeline.config import Params, params_dict
+from pipeline.threads import in_effect
 
 INVOCATION_TAG = "creditrl.invocation"
 
@@ -187,7 +188,7 @@ class Tracker:
         now = time.time()
         self.log_metrics({"time/startup_s": max(self.t_enter - started, 0.0), "time/tracking_s": self.tracking_s,
                           "time/work_s": max(now - self.t_enter - self.tracking_s, 0.0),
-                          "time/total_s": now - started})
+                          "time/total_s": now - started} | in_effect())
 
     def finish(self, status: str = "FINISHED", end_parent: bool = False) -> None:
         if not self._finished:

@@ -30,21 +30,28 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.config import WARMSTART_SEED_BASE, Params
+from pipeline.config import Params
 from pipeline.envs.base import make_env
 from pipeline.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.precision import Stepper
 from pipeline.prompting import build_prompt, format_action
+from pipeline.tasks import task_seed
 
 
-def demonstrations(params: Params, episodes: int, random_share: float, seed: int) -> list[tuple[str, str, str | None]]:
-    """(prompt, executed response, an optimal response or None in a dead state) from solver-guided play on
-    warm-start seeds."""
-    rng = random.Random(seed)
+def demonstration_tasks(seed: int, episodes: int, stream: str = "warmstart") -> list[int]:
+    """The task seeds the warm start (or the tokenizer's corpus, `stream="tokenizer"`) plays."""
+    return [task_seed(stream, seed, 0, j) for j in range(episodes)]
+
+
+def demonstrations(params: Params, episodes: int, random_share: float, seed: int,
+                   stream: str = "warmstart") -> list[tuple[str, str, str | None]]:
+    """(prompt, executed response, an optimal response or None in a dead state) from solver-guided play on the
+    tasks of `stream` (warm-start or tokenizer tasks, never training or held-out ones: `pipeline.tasks`)."""
+    rng = random.Random(task_seed(stream, seed, 0, 0))
     env = make_env(params.env)
     pairs = []
-    for j in range(episodes):
-        obs, _ = env.reset(WARMSTART_SEED_BASE + seed * 100_000 + j)
+    for task in demonstration_tasks(seed, episodes, stream):
+        obs, _ = env.reset(task)
         solver = env.solver()
         history: list[tuple[str, str | None]] = []
         for _ in range(params.env.max_turns):
@@ -65,7 +72,7 @@ def demonstrations(params: Params, episodes: int, random_share: float, seed: int
 
 
 def tokenizer_corpus(params: Params, seed: int) -> list[str]:
-    pairs = demonstrations(params, params.policy.tiny.tokenizer_corpus_episodes, 0.5, seed + 7919)
+    pairs = demonstrations(params, params.policy.tiny.tokenizer_corpus_episodes, 0.5, seed, stream="tokenizer")
     return [p for p, _, _ in pairs] + [r for _, r, _ in pairs]
 
 

@@ -12,7 +12,7 @@ from pipeline.tables import ADVANTAGES as ADV_SCHEMA
 from pipeline.tables import GROUPS as GROUPS_SCHEMA
 from pipeline.tables import STEP_REWARDS as STEP_REWARDS_SCHEMA
 from pipeline.tables import STEPS as STEPS_SCHEMA
-from pipeline.tables import read_table, write_table
+from pipeline.tables import check_same_turns, read_table, write_table
 from pipeline.tracking import Tracker
 
 
@@ -42,10 +42,8 @@ def main(argv=None) -> None:
     with stage_errors(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
         steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).drop("task_group")
         groups = read_table(ctx.path(GROUPS), GROUPS_SCHEMA)
+        check_same_turns(steps, ctx.path(STEPS), groups, ctx.path(GROUPS), "group")
         table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
-        if table.height != steps.height:
-            raise ValueError(f"{ctx.path(GROUPS)} covers {table.height} of the {steps.height} turns of "
-                             f"{ctx.path(STEPS)}; rerun the group stage")
         if p.credit.method == "hgpo" and table.height:
             have, want = table["history_groups"].list.len().min(), hgpo_depth(p)
             if have != want:
@@ -53,11 +51,8 @@ def main(argv=None) -> None:
                                  f"{want}; rerun the group stage")
         if p.credit.needs_fit:
             rewards = read_table(ctx.path(STEP_REWARDS), STEP_REWARDS_SCHEMA)
-            n = table.height
+            check_same_turns(steps, ctx.path(STEPS), rewards, ctx.path(STEP_REWARDS), "fit")
             table = table.join(rewards, on=["episode_id", "step"], how="inner", validate="1:1")
-            if table.height != n:
-                raise ValueError(f"{ctx.path(STEP_REWARDS)} covers {table.height} of the {n} turns of "
-                                 f"{ctx.path(STEPS)}; rerun the fit stage")
         adv = advantages_excluding_env_errors(table, p.credit)
         bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
             ~pl.col("advantage").is_finite())

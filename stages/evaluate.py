@@ -10,19 +10,19 @@ import json
 
 import polars as pl
 
-from pipeline.config import EVAL_SEED_BASE
 from pipeline.envs.base import make_env
 from pipeline.policy import load_policy
 from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
 from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tasks import task_seed
 from pipeline.tables import EVAL_EPISODES, write_table, write_text_atomic
 from pipeline.tracking import Tracker
 
 
 def eval_specs(p) -> list[EpisodeSpec]:
     k = p.evaluate.episodes_per_task
-    return [EpisodeSpec(EVAL_SEED_BASE + j, j, j * k + r) for j in range(p.evaluate.tasks) for r in range(k)]
+    return [EpisodeSpec(task_seed("eval", 0, 0, j), j, j * k + r) for j in range(p.evaluate.tasks) for r in range(k)]
 
 
 def optimal_moves(p, task_ids: list[int]) -> list[int]:

@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.config import SEEDS_PER_ITERATION, TRAIN_SEED_BASE
+from pipeline.config import GROUPS_PER_ITERATION
 from pipeline.policy import load_policy
 from pipeline.registry import PREV_CHECKPOINT, STEPS
 from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
+from pipeline.tasks import task_seed
 from pipeline.tables import STEPS as STEPS_SCHEMA
 from pipeline.tables import write_table
 from pipeline.tracking import Tracker
 
 
 def training_specs(p, it: int) -> list[EpisodeSpec]:
-    """Task seeds of iteration `it` (disjoint from warm-start and evaluation seeds, see config)."""
+    """The episodes of iteration `it`: G of each training task (task seeds disjoint from every other stream and
+    iteration, `pipeline.tasks`)."""
     specs = []
     for t in range(p.rollout.tasks_per_iteration):
-        task_id = TRAIN_SEED_BASE + p.seed * 10 * SEEDS_PER_ITERATION + it * SEEDS_PER_ITERATION + t
-        group = it * SEEDS_PER_ITERATION + t
+        task_id = task_seed("train", p.seed, it, t)
+        group = it * GROUPS_PER_ITERATION + t
         for g in range(p.rollout.group_size):
             specs.append(EpisodeSpec(task_id, group, group * 1000 + g))
     return specs

@@ -19,7 +19,7 @@ from pipeline.registry import ADVANTAGES, CHECKPOINT, PREV_CHECKPOINT, STEPS
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import ADVANTAGES as ADV_SCHEMA
 from pipeline.tables import STEPS as STEPS_SCHEMA
-from pipeline.tables import atomic_dir, read_table
+from pipeline.tables import atomic_dir, check_same_turns, read_table
 from pipeline.tracking import Tracker
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -29,22 +29,15 @@ def main(argv=None) -> None:
     ctx = parse_args("update", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "update", it) as tracker:
+        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
+            "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
+        adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)     # finite advantages: checked on read
+        check_same_turns(steps, ctx.path(STEPS), adv, ctx.path(ADVANTAGES), "advantages")
+        table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
+        table = table.filter(pl.col("response_ids").list.len() > 0)
         prev = ctx.path(PREV_CHECKPOINT)
         model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device, train=True)
         temperature = p.rollout.temperature
-        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).select(
-            "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
-        adv = read_table(ctx.path(ADVANTAGES), ADV_SCHEMA)
-        table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
-        if table.height != steps.height:
-            raise ValueError(f"{ctx.path(ADVANTAGES)} covers {table.height} of {steps.height} turns")
-        bad = table.filter(~pl.col("advantage").is_finite())
-        if bad.height:
-            first = bad.row(0, named=True)
-            raise ValueError(f"iteration {it}: {bad.height} non-finite advantages in {ctx.path(ADVANTAGES)}, first "
-                             f"in task_group {first['task_group']} (episode {first['episode_id']}, turn "
-                             f"{first['step']}): {first['advantage']}; no checkpoint written")
-        table = table.filter(pl.col("response_ids").list.len() > 0)
         prompts = table["prompt_ids"].to_list()
         responses = table["response_ids"].to_list()
         advantages = table["advantage"].to_list()

@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
+
+from pipeline.tables import Table
 
 OPTIMIZER_FILE = "optimizer.pt"
 Log = Callable[[str], None] | None
 
 
 class StepRewardModel(ABC):
-    extra_tables: dict[str, pa.Schema] = {}  # file name in the iteration folder -> its schema
+    extra_tables: dict[str, Table] = {}  # file name in the iteration folder -> its declared table
 
     @abstractmethod
     def init(self, policy_dir: Path, params) -> Any:

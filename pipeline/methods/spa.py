@@ -26,17 +26,18 @@ from pydantic import Field
 from pipeline.methods.base import Method, Terms, episode_advantage, group_norm, register
 from pipeline.methods.reward_model import OPTIMIZER_FILE, Log, StepRewardModel, adamw
 from pipeline.schema import Mode, Section
+from pipeline.tables import Table
 
 HEAD_FILE = "progress_head.pt"
 REPLAY_FILE = "replay.parquet"
-REPLAY = pa.schema([                  # the estimator's training window: the turns of recent iterations
+REPLAY = Table(pa.schema([           # the estimator's training window: the turns of recent iterations
     ("iteration", pa.int32()),
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
     ("prompt_ids", pa.list_(pa.int32())),
     ("response_ids", pa.list_(pa.int32())),
     ("outcome", pa.float64()),        # R_final: success (the task score where the environment has one)
-])
+]), contiguous=True, finite=("outcome",), empty_ok=True)
 
 
 class SpaConfig(Section):

@@ -1,0 +1,40 @@
+"""Task seeds: the environment seed of every task a run plays, disjoint by construction.
+
+A task seed packs four fields into one non-negative 63-bit integer:
+
+    stream (2 bits) | run seed (31 bits) | iteration (10 bits) | index (20 bits)
+
+`stream` says what the task is for: training rollouts, warm-start demonstrations, the tokenizer's corpus, or
+held-out evaluation. Two tasks of different streams, seeds, iterations or indices therefore never share a seed,
+whatever the params: the held-out rooms can never be trained on, and no warm-start demonstration is played on
+them. Held-out tasks use run seed 0 in every run, so that runs with different seeds are evaluated on the same
+rooms. Each field's range is enforced by the params schema (`seed` < 2^31, `loop.iterations` ≤ 1000, task and
+episode counts < 2^20); `task_seed` checks them again.
+"""
+
+from __future__ import annotations
+
+STREAMS = {"train": 0, "warmstart": 1, "tokenizer": 2, "eval": 3}
+SEED_BITS, ITERATION_BITS, INDEX_BITS = 31, 10, 20
+MAX_INDEX = (1 << INDEX_BITS) - 1          # tasks per iteration, warm-start episodes, held-out tasks
+MAX_ITERATION = (1 << ITERATION_BITS) - 1
+
+
+def task_seed(stream: str, seed: int, iteration: int, index: int) -> int:
+    """The environment seed of task `index` of `iteration` in `stream` for run seed `seed`."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown task stream {stream!r}; expected one of {list(STREAMS)}")
+    for name, value, bits in (("seed", seed, SEED_BITS), ("iteration", iteration, ITERATION_BITS),
+                              ("index", index, INDEX_BITS)):
+        if not 0 <= value < (1 << bits):
+            raise ValueError(f"task {name} {value} is outside 0..{(1 << bits) - 1}")
+    return (((STREAMS[stream] << SEED_BITS | seed) << ITERATION_BITS | iteration) << INDEX_BITS) | index
+
+
+def fields(task: int) -> tuple[str, int, int, int]:
+    """(stream, seed, iteration, index) of a task seed: the inverse of `task_seed`."""
+    index = task & MAX_INDEX
+    iteration = (task >> INDEX_BITS) & MAX_ITERATION
+    seed = (task >> (INDEX_BITS + ITERATION_BITS)) & ((1 << SEED_BITS) - 1)
+    stream = task >> (INDEX_BITS + ITERATION_BITS + SEED_BITS)
+    return {v: k for k, v in STREAMS.items()}[stream], seed, iteration, index

@@ -1,0 +1,66 @@
+"""How many threads a stage's numeric libraries use: `runtime.torch_threads`, set before any of them is imported.
+
+0 (the default) means the cores Snakemake gives the job (it exports CREDITRL_THREADS), or every core when the
+stage runs otherwise (`dvc repro`, `python -m stages.X`). OpenMP, MKL, OpenBLAS and polars read their thread
+counts from the environment when they are first imported, so `stages/__init__.py` calls `configure` before a stage
+module imports anything heavy; `apply` sets torch's count again in case torch was imported earlier (a stage
+called in-process). `in_effect` reports what the stage actually ran with (`runtime/*` metrics).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS")
+
+
+def resolve(torch_threads: int) -> int:
+    return torch_threads or int(os.environ.get("CREDITRL_THREADS") or 0) or os.cpu_count() or 1
+
+
+def _params_file(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg == "--params" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--params="):
+            return arg.split("=", 1)[1]
+    return "params.yaml"
+
+
+def configure(argv: list[str] | None = None) -> int:
+    """Export the thread count a stage run with `argv` asks for; a params file that cannot be read counts as 0
+    here (the stage reports its errors once it validates it)."""
+    argv = sys.argv[1:] if argv is None else argv
+    requested = 0
+    try:
+        import yaml
+
+        with open(_params_file(argv)) as f:
+            requested = int(((yaml.safe_load(f) or {}).get("runtime") or {}).get("torch_threads") or 0)
+    except Exception:  # noqa: BLE001 - validation happens later, with a proper message
+        requested = 0
+    n = resolve(max(requested, 0))
+    for var in ENV:
+        os.environ[var] = str(n)
+    return n
+
+
+def apply(n: int) -> None:
+    for var in ENV:
+        os.environ[var] = str(n)
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+
+def in_effect() -> dict[str, float]:
+    """The thread counts this process runs with: torch's (when torch is loaded) and polars' pool."""
+    out = {"runtime/threads": float(os.environ.get("OMP_NUM_THREADS", 0))}
+    if "torch" in sys.modules:
+        out["runtime/torch_threads"] = float(sys.modules["torch"].get_num_threads())
+    if "polars" in sys.modules:
+        out["runtime/polars_threads"] = float(sys.modules["polars"].thread_pool_size())
+    return out
