@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.config import METHODS, load_params
+from pipeline.config import METHODS, apply_overrides, load_params, with_overrides
 from pipeline.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +65,10 @@ def _snakemake(d: Path, cores: int, *targets: str) -> None:
     print(f"  {d.name}: {' '.join(targets) or 'all'} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int) -> None:
-    base = yaml.safe_load(params_file.read_text()) or {}
-    load_params(params_file)                                     # validate before any work
+def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
+            sets: list[str] = ()) -> None:
+    base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+    with_overrides(load_params(params_file), list(sets))        # validate before any work
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
 
     def base_run(seed: int) -> None:
@@ -205,6 +206,8 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the shared configuration and budget")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a params key in every run, e.g. env.max_turns=30 (repeatable)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--work", type=Path, default=Path("results/bench/learning"), help="where the runs live")
@@ -216,7 +219,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-mlflow", action="store_true")
     args = ap.parse_args(argv)
     if not args.report_only:
-        run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores)
+        run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
     report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle)
 
 

@@ -6,7 +6,8 @@
 The tables look like Sokoban rollouts: G = 8 episodes per task, episodes of 3-15 turns that random-walk over a
 small per-task state graph (so anchors repeat across episodes and within one), 40-character anchor strings,
 gym-sokoban-like rewards and 2 % invalid actions. Each size is timed for the group stage's work (`build_groups`:
-hashing, step groups, HGPO keys) and for each estimator, and in the same run a plain per-row Python GiGPO
+hashing, step groups, HGPO keys), for the content checks every read of the step table makes (unique, contiguous
+turns, finite rewards and log-probs; `pipeline.tables.check_rows`) and for each estimator, and in the same run a plain per-row Python GiGPO
 (`pipeline.reference`, loops and dicts the way reference codebases write it) computes the same advantages, which
 must agree to 1e-9. Target: 10^6 turns grouped and GiGPO-advantaged in at most 2 s on the 2-core machine.
 """
@@ -26,9 +27,12 @@ from pipeline.config import CreditConfig, METHODS
 from pipeline.methods import compute_advantages
 from pipeline.grouping import build_groups
 from pipeline.reference import gigpo_reference
-from pipeline.tables import write_text_atomic
+from pipeline.tables import STEPS, Table, check_rows, write_text_atomic
 
 TARGET_SECONDS = 2.0
+# the content checks a read of the step table makes, on the columns the synthetic table has (the rest of a read is
+# Parquet decoding): unique, contiguous turns and finite rewards and log-probs
+READ_CHECKS = Table(STEPS.schema, contiguous=True, finite=("reward", "response_logprobs"))
 
 
 def synthetic_steps(turns: int, group_size: int = 8, states_per_task: int = 24, seed: int = 0) -> pl.DataFrame:
@@ -61,6 +65,8 @@ def synthetic_steps(turns: int, group_size: int = 8, states_per_task: int = 24, 
         "episode_id": episode.astype(np.int64), "step": step.astype(np.int32), "task_group": task.astype(np.int64),
         "anchor": anchors, "reward": reward, "action_valid": valid,
         "score": rng.normal(0, 0.1, size=n),
+        "response_logprobs": pl.Series(-rng.exponential(0.5, size=(n, 3)).astype(np.float32)).cast(
+            pl.List(pl.Float32)),
     })
 
 
@@ -83,6 +89,8 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
         sizes_dist = groups.group_by("step_group").len()["len"]
         share_nonsingleton = float((groups["step_group_size"] > 1).mean())
         rows.append({"turns": n, "what": "group", "seconds": t_group, "turns_per_s": n / t_group})
+        t_check, _ = timed(lambda: check_rows(steps, READ_CHECKS, Path("steps.parquet")), repeats)
+        rows.append({"turns": n, "what": "read_checks", "seconds": t_check, "turns_per_s": n / t_check})
         results = {}
         for method in METHODS:
             cfg = CreditConfig(method=method)
@@ -105,7 +113,8 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
             rows.append({"turns": n, "what": "gigpo_per_row_python", "seconds": t_ref, "turns_per_s": n / t_ref})
             print(f"{n:>9,} turns: per-row Python GiGPO {t_ref:.2f} s, vectorised {gigpo_s:.3f} s "
                   f"({t_ref / gigpo_s:.0f}x), max |difference| {diff:.1e}", flush=True)
-        print(f"{n:>9,} turns: group {t_group:.3f} s, group+gigpo {t_group + gigpo_s:.3f} s; "
+        print(f"{n:>9,} turns: group {t_group:.3f} s, read checks {t_check:.3f} s ({t_check / t_group:.0%} of "
+              f"group), group+gigpo {t_group + gigpo_s:.3f} s; "
               f"{len(sizes_dist):,} step groups, {share_nonsingleton:.0%} of turns in non-singleton groups",
               flush=True)
     df = pl.DataFrame(rows)

@@ -231,9 +231,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
 
 
-def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Params:
-    """`params` with dotted `KEY=VALUE` overrides (values parsed as YAML), validated like a params file."""
-    data = params.model_dump()
+def apply_overrides(data: dict, sets: list[str], where: str = "--set") -> dict:
+    """A copy of the params mapping `data` with dotted `KEY=VALUE` overrides (values parsed as YAML); sections
+    the mapping lacks are created (the schema validates the result)."""
+    data = yaml.safe_load(yaml.safe_dump(data)) or {}
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -241,10 +242,16 @@ def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Par
         node = data
         *parents, leaf = key.split(".")
         for part in parents:
-            if not isinstance(node.get(part), dict):
-                raise ParamsError(f"{where} {item!r}: key '{key}' is not in the schema (no section '{part}')")
-            node = node[part]
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ParamsError(f"{where} {item!r}: '{part}' of key '{key}' is a value, not a section")
         node[leaf] = yaml.safe_load(value)
+    return data
+
+
+def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Params:
+    """`params` with dotted `KEY=VALUE` overrides (values parsed as YAML), validated like a params file."""
+    data = apply_overrides(params.model_dump(), sets, where)
     try:
         return Params.model_validate(data)
     except ValidationError as e:

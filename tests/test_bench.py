@@ -17,7 +17,7 @@ from pipeline.config import METHODS
 
 def test_throughput_smoke(tmp_path):
     df = throughput.run([3000], repeats=1, reference_max=3000, out_dir=tmp_path, log=False)
-    assert set(df["what"]) == {"group", *METHODS, "group+gigpo", "gigpo_per_row_python"}
+    assert set(df["what"]) == {"group", "read_checks", *METHODS, "group+gigpo", "gigpo_per_row_python"}
     assert (df["turns"] == 3000).all() and (df["seconds"] > 0).all()
     on_disk = pl.read_csv(tmp_path / "throughput.csv")
     assert on_disk.height == df.height
