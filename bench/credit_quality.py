@@ -1,4 +1,4 @@
-"""Benchmark: credit quality of every method on identical rollouts, scored by the Sokoban oracle (issue 5, point 2).
+"""Benchmark: credit quality of every method on identical rollouts, scored by the environment's oracle.
 
     python -m bench.credit_quality                          # the rollouts of results/ (a finished default run)
     python -m bench.credit_quality --run RUN_DIR --params RUN_DIR/params.yaml --out results/bench
@@ -6,9 +6,11 @@
 One fixed set of step tables (every iteration of one run) goes through every estimator. The learned step-reward
 models (OPRL's PRM, SPA's estimator) are replayed over the run's iterations in order, from its initial checkpoint,
 exactly as the fit stage would have trained them (`pipeline.methods.reward_model.fit_iteration`); `--set
-credit.oprl.lr=2e-4` and the like try other settings on the same rollouts. Each turn is labelled by the oracle of credit-assignment.md (Oracle
-credit): good when d(s_{t+1}) < d(s_t), bad when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact BFS
-distance to solved. The score is the ROC-AUC of the per-turn advantage for separating good from bad turns, plus the
+credit.oprl.lr=2e-4` and the like try other settings on the same rollouts.
+
+Each turn is labelled by the oracle of credit-assignment.md (Oracle credit): good when d(s_{t+1}) < d(s_t), bad
+when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact distance to success that the environment provides
+(`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn advantage for separating good from bad turns, plus the
 share of turns each method gives a non-zero step-level signal, over all iterations and per iteration. Writes
 credit_quality.csv, credit_quality_by_iteration.csv, credit_quality_fit.csv (the fit statistics per iteration:
 losses, the PRM's drift) and credit_quality.png.
@@ -27,30 +29,41 @@ import polars as pl
 from pipeline.config import METHODS, load_params, with_overrides
 from pipeline.methods import METHODS as METHOD_REGISTRY
 from pipeline.methods import compute_advantages
-from pipeline.envs.sokoban import ACTIONS, Solver, parse_grid
+from pipeline.envs.base import make_env, require
 from pipeline.grouping import build_groups, hgpo_depth
-from pipeline.prompting import parse_action
 from pipeline.tables import ADVANTAGES, GROUPS, STEPS, read_table, write_text_atomic
 
 
-def oracle_labels(steps: pl.DataFrame) -> pl.Series:
-    """1 good, 0 bad, null neither (d unchanged, or both states dead), per row of `steps`."""
-    solvers: dict = {}
-    labels = []
-    for anchor, response, valid in zip(steps["anchor"].to_list(), steps["response"].to_list(),
-                                       steps["action_valid"].to_list(), strict=True):
-        if not valid:
-            labels.append(0)
+def oracle_labels(steps: pl.DataFrame, env_cfg) -> pl.Series:
+    """1 good, 0 bad, null neither (d unchanged, or both states dead), per row of `steps` (credit-assignment.md,
+    Oracle credit), for any environment with an oracle distance.
+
+    Each episode is replayed in the environment from its task seed with the responses it gave, and the oracle's
+    distance is read before and after every turn. A replayed turn must be as valid as the recorded one, or the
+    params are not the run's (an error says so). Turns from an episode whose environment raised get no label.
+    """
+    env = make_env(env_cfg)
+    require(env, "oracle_distance", "the credit-quality oracle")
+    order = steps.with_row_index("_row").sort("episode_id", "step")
+    labels: list[int | None] = [None] * steps.height
+    rows = order.select("_row", "episode_id", "task_id", "step", "response", "action_valid", "env_error").iter_rows()
+    episode, d0 = None, math.inf
+    for row, episode_id, task_id, step, response, valid, error in rows:
+        if episode_id != episode:
+            episode = episode_id
+            env.reset(task_id)
+            d0, broken = env.oracle_distance(), False
+        if broken or error is not None:
+            broken = True
             continue
-        room, state = parse_grid(anchor)
-        key = (room.walls, room.targets)
-        if key not in solvers:
-            solvers[key] = Solver(room, state)
-        solver = solvers[key]
-        action = parse_action(response, ACTIONS)
-        nxt, _ = room.move(state, action)
-        d0, d1 = solver.distance(state), solver.distance(nxt)
-        labels.append(1 if d1 < d0 else 0 if d1 > d0 else None)
+        res = env.step(response)
+        if res.action_valid != valid:
+            raise ValueError(f"replaying episode {episode_id} (task {task_id}), turn {step}: the environment judged "
+                             f"the action {'valid' if res.action_valid else 'invalid'}, the step table says "
+                             f"otherwise; are these the params the run used?")
+        d1 = env.oracle_distance()
+        labels[row] = 0 if not valid else 1 if d1 < d0 else 0 if d1 > d0 else None
+        d0 = d1
     return pl.Series("good", labels, dtype=pl.Int8)
 
 
@@ -92,7 +105,7 @@ def score_advantages(adv: pl.DataFrame) -> dict[str, float]:
             "turns": adv.height}
 
 
-def run_credit(results: Path) -> pl.DataFrame:
+def run_credit(results: Path, params) -> pl.DataFrame:
     """The oracle credit quality of the advantages a finished run trained on, per iteration: ROC-AUC of the
     advantage and of the step term, the share of turns with a step signal, and the step-group sizes (the share of
     turns in a non-singleton anchor group, credit-assignment.md, GiGPO)."""
@@ -101,7 +114,7 @@ def run_credit(results: Path) -> pl.DataFrame:
         d = results / f"iter_{it}"
         steps = read_table(d / "steps.parquet", STEPS).sort("episode_id", "step")
         adv = read_table(d / "advantages.parquet", ADVANTAGES).join(
-            steps.select("episode_id", "step", oracle_labels(steps)), on=["episode_id", "step"])
+            steps.select("episode_id", "step", oracle_labels(steps, params.env)), on=["episode_id", "step"])
         groups = read_table(d / "groups.parquet", GROUPS)
         rows.append({"iteration": it, **score_advantages(adv),
                      "share_turns_in_nonsingleton": float((groups["step_group_size"] > 1).mean()),
@@ -122,7 +135,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     for it in iterations:
         steps = read_table(run_dir / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
         groups = build_groups(steps, hgpo_depth(params)).drop("task_group")
-        tables[it] = steps.join(groups, on=["episode_id", "step"]).with_columns(oracle_labels(steps))
+        labelled = steps.with_columns(oracle_labels(steps, params.env))
+        tables[it] = labelled.join(groups, on=["episode_id", "step"], maintain_order="left")
     labelled = pl.concat(list(tables.values()))
     n_good = int((labelled["good"] == 1).sum())
     n_bad = int((labelled["good"] == 0).sum())

@@ -110,8 +110,8 @@ def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataF
     """The oracle credit quality of every run's own advantages, per iteration (`bench.credit_quality.run_credit`)."""
     from bench.credit_quality import run_credit
 
-    frames = [run_credit(work / f"{m}_s{s}" / "results").with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed"))
-              for m in methods for s in seeds]
+    frames = [run_credit(work / f"{m}_s{s}" / "results", load_params(work / f"{m}_s{s}" / "params.yaml"))
+              .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")) for m in methods for s in seeds]
     return pl.concat(frames).select("method", "seed", pl.all().exclude("method", "seed"))
 
 

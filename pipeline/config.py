@@ -7,11 +7,12 @@ the file, the dotted key and what was expected (`ParamsError`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
+from pipeline.envs.base import registered as registered_envs
 from pipeline.methods import METHODS as METHOD_REGISTRY
 from pipeline.methods import EpisodeConfig, Method
 from pipeline.schema import Section
@@ -26,12 +27,18 @@ class LoopConfig(Section):
                             description="RL iterations after iteration 0 (the initial policy)")
 
 
-class EnvConfig(Section):
-    name: Literal["sokoban"] = Field("sokoban", description="text environment")
-    dim_room: int = Field(6, ge=4, le=12, description="room side, outer wall included")
-    num_boxes: int = Field(1, ge=1, le=3, description="boxes (and targets) per room")
-    max_turns: int = Field(15, ge=1, le=200, description="turns before an episode is truncated")
-    min_solution_moves: int = Field(2, ge=1, description="rooms whose optimal solution is shorter are skipped")
+ENV_REGISTRY = registered_envs()
+DEFAULT_ENV = "sokoban"
+
+
+def _env_name(value) -> str:
+    return (value.get("name", DEFAULT_ENV) if isinstance(value, dict) else getattr(value, "name", DEFAULT_ENV))
+
+
+# `env` is the section of the environment `env.name` names (default sokoban); each environment module declares its
+# own (pipeline/envs/).
+EnvConfig = Annotated[Union[tuple(Annotated[s.config, Tag(n)] for n, s in ENV_REGISTRY.items())],  # noqa: UP007
+                      Discriminator(_env_name)]
 
 
 class PromptConfig(Section):
@@ -166,7 +173,8 @@ class FaultsConfig(Section):
 class Params(Section):
     seed: int = Field(0, ge=0, lt=2**31)
     loop: LoopConfig = LoopConfig()
-    env: EnvConfig = EnvConfig()
+    env: EnvConfig = Field(default_factory=lambda: ENV_REGISTRY[DEFAULT_ENV].config(),
+                           description="the environment: its name and its own keys")
     prompt: PromptConfig = PromptConfig()
     policy: PolicyConfig = PolicyConfig()
     warmstart: WarmstartConfig = WarmstartConfig()
@@ -221,7 +229,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         problems = []
         for err in e.errors():
             loc = _format_loc(err["loc"])
-            if err["type"] == "extra_forbidden":
+            if err["type"] == "union_tag_invalid":
+                problems.append(f"key '{loc}.name': unknown {loc} {err['ctx']['tag']!r}; expected one of "
+                                f"{err['ctx']['expected_tags']}")
+            elif err["type"] == "extra_forbidden":
                 problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)"
                                 + _moved(err["loc"]))
             else:

@@ -19,21 +19,18 @@ from pipeline.precision import DTYPES, autocast, mark
 
 EOS = "<eos>"
 PAD = "<pad>"
-GRID_SYMBOLS = r"[#_.$*@+\n0-9]"
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast`."""
+def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = None):
+    """A byte-level BPE tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast`; `isolate` is a
+    regex of characters kept as single tokens (the environment's, e.g. a grid's cells)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # Every grid symbol and newline is its own token, so that a state is a sequence of cells the model can read
-    # (merged rows or whole grids would make every unseen state an unseen token); words and tags still merge.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(GRID_SYMBOLS), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=isolate is None)
+    tok.pre_tokenizer = (byte_level if isolate is None else pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(isolate), behavior="isolated"), byte_level]))
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

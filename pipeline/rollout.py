@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pipeline.envs.base import Env, StepResult
+from pipeline.envs.base import Env, Observation, StepResult
 from pipeline.policy import encode_prompt, generate
 from pipeline.prompting import build_prompt
 
@@ -40,10 +40,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
                   progress: Callable[[str], None] | None = None) -> pl.DataFrame:
     """Run every episode of `specs` to its end; returns the step rows (schema `tables.STEPS` less `iteration`)."""
     envs = [make_env() for _ in specs]
-    obs = []
-    for env, spec in zip(envs, specs):
-        o, anchor = env.reset(spec.task_id)
-        obs.append((o, anchor))
+    obs: list[Observation] = [env.reset(spec.task_id) for env, spec in zip(envs, specs)]
     history: list[list[tuple[str, str | None]]] = [[] for _ in specs]
     rows: list[dict] = []
     live = list(range(len(specs)))
@@ -51,8 +48,8 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     started = time.perf_counter()
     model.eval()
     while live:
-        prompts = [build_prompt(envs[i].task_description(), history[i], obs[i][0], envs[i].actions, history_turns)
-                   for i in live]
+        prompts = [build_prompt(envs[i].task_description(), history[i], obs[i].text, obs[i].admissible,
+                                history_turns) for i in live]
         prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
         gens = []
         for b in range(0, len(live), batch_size):
@@ -68,14 +65,14 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
                 res, error = _failed_step(obs[i]), f"{type(e).__name__}: {e}"[:500]
             rows.append({
                 "task_id": spec.task_id, "task_group": spec.task_group, "episode_id": spec.episode_id,
-                "step": turn, "observation": obs[i][0], "anchor": obs[i][1], "prompt": prompts[k],
+                "step": turn, "observation": obs[i].text, "anchor": obs[i].anchor, "prompt": prompts[k],
                 "prompt_ids": prompt_ids[k], "response_ids": g.response_ids, "response_logprobs": g.logprobs,
                 "response": g.text, "action": res.action, "action_valid": res.action_valid,
                 "reward": res.reward, "terminated": res.terminated, "truncated": res.truncated,
                 "success": res.success, "env_error": error,
             })
-            history[i].append((obs[i][0], res.action))
-            obs[i] = (res.observation, res.anchor)
+            history[i].append((obs[i].text, res.action))
+            obs[i] = Observation(res.observation, res.anchor, res.admissible)
             if not (res.terminated or res.truncated):
                 still.append(i)
         turn += 1
@@ -87,10 +84,10 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     return finish_episodes(pl.DataFrame(rows, schema_overrides={"action": pl.String, "env_error": pl.String}))
 
 
-def _failed_step(obs: tuple[str, str]) -> StepResult:
+def _failed_step(obs: Observation) -> StepResult:
     """The row of a turn whose `env.step` raised: not executed, no reward, the episode truncated here."""
-    return StepResult(observation=obs[0], anchor=obs[1], reward=0.0, terminated=False, truncated=True,
-                      action_valid=False, success=False, action=None)
+    return StepResult(observation=obs.text, anchor=obs.anchor, reward=0.0, terminated=False, truncated=True,
+                      action_valid=False, success=False, action=None, admissible=obs.admissible)
 
 
 class EnvFailureError(ValueError):

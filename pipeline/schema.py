@@ -14,3 +14,10 @@ EpisodeStats = Literal["per_episode", "per_turn"]
 class Section(BaseModel):
     """A params section: unknown keys are errors, values are frozen once validated."""
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSection(Section):
+    """What every environment's section has besides its own keys: its name (the discriminator of `env`) and the
+    episode length."""
+    name: str
+    max_turns: int

@@ -110,7 +110,7 @@ EVAL_EPISODES_SCHEMA = pa.schema([
     ("episode_length", pa.int32()),
     ("success", pa.bool_()),
     ("invalid_turns", pa.int32()),
-    ("optimal_moves", pa.int32()),    # solver's optimal solution length of the start state
+    ("optimal_moves", pa.int32()),    # the oracle's optimal number of steps from the start; null without one
 ])
 EVAL_EPISODES = Table(EVAL_EPISODES_SCHEMA, keyed=False, finite=("episode_return",), what="episode")
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.config import Params
-from pipeline.envs.base import make_env
+from pipeline.envs.base import has, make_env, require
 from pipeline.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.precision import Stepper
 from pipeline.prompting import build_prompt, format_action
@@ -45,34 +45,46 @@ def demonstration_tasks(seed: int, episodes: int, stream: str = "warmstart") -> 
 
 def demonstrations(params: Params, episodes: int, random_share: float, seed: int,
                    stream: str = "warmstart") -> list[tuple[str, str, str | None]]:
-    """(prompt, executed response, an optimal response or None in a dead state) from solver-guided play on the
-    tasks of `stream` (warm-start or tokenizer tasks, never training or held-out ones: `pipeline.tasks`)."""
+    """(prompt, executed response, an optimal response or None) from expert-guided play on the tasks of `stream`
+    (warm-start or tokenizer tasks, never training or held-out ones: `pipeline.tasks`).
+
+    Each turn executes an expert action (`expert_actions`, an optional capability of the environment) or, with
+    probability `random_share`, a random admissible command, so the demonstrations also visit off-path states;
+    the optimal label is an expert action of the state (None where the task can no longer be solved). Without an
+    expert, `random_share` must be 1: every command is random and there is no optimal label.
+    """
     rng = random.Random(task_seed(stream, seed, 0, 0))
     env = make_env(params.env)
+    expert = has(env, "expert_actions")
+    if random_share < 1.0:
+        require(env, "expert_actions", "the warm start (warmstart.random_action_share < 1)")
     pairs = []
     for task in demonstration_tasks(seed, episodes, stream):
-        obs, _ = env.reset(task)
-        solver = env.solver()
+        obs = env.reset(task)
+        text, admissible = obs.text, obs.admissible
         history: list[tuple[str, str | None]] = []
         for _ in range(params.env.max_turns):
-            best = solver.optimal_actions(env.state)
+            best = env.expert_actions() if expert else []
             if best and rng.random() >= random_share:
                 action = rng.choice(best)
             else:
-                action = rng.choice(env.actions)
-            prompt = build_prompt(env.task_description(), history, obs, env.actions, params.prompt.history_turns)
+                action = rng.choice(admissible)
+            prompt = build_prompt(env.task_description(), history, text, admissible, params.prompt.history_turns)
             response = format_action(action)
             pairs.append((prompt, response, format_action(rng.choice(best)) if best else None))
             res = env.step(response)
-            history.append((obs, res.action))
-            obs = res.observation
+            history.append((text, res.action))
+            text, admissible = res.observation, res.admissible
             if res.terminated or res.truncated:
                 break
     return pairs
 
 
 def tokenizer_corpus(params: Params, seed: int) -> list[str]:
-    pairs = demonstrations(params, params.policy.tiny.tokenizer_corpus_episodes, 0.5, seed, stream="tokenizer")
+    """The environment's own text, which the tiny model's tokenizer is trained on: prompts and responses of
+    half-expert, half-random play (all random without an expert) on the tokenizer's tasks."""
+    share = 0.5 if has(make_env(params.env), "expert_actions") else 1.0
+    pairs = demonstrations(params, params.policy.tiny.tokenizer_corpus_episodes, share, seed, stream="tokenizer")
     return [p for p, _, _ in pairs] + [r for _, r, _ in pairs]
 
 

@@ -7,10 +7,11 @@ episode length, invalid-action rate; the metrics also go to the parent MLflow ru
 from __future__ import annotations
 
 import json
+import math
 
 import polars as pl
 
-from pipeline.envs.base import make_env
+from pipeline.envs.base import has, make_env
 from pipeline.policy import load_policy
 from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
 from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
@@ -25,13 +26,17 @@ def eval_specs(p) -> list[EpisodeSpec]:
     return [EpisodeSpec(task_seed("eval", 0, 0, j), j, j * k + r) for j in range(p.evaluate.tasks) for r in range(k)]
 
 
-def optimal_moves(p, task_ids: list[int]) -> list[int]:
+def optimal_moves(p, task_ids: list[int]) -> list[int | None]:
+    """The oracle's optimal number of steps from each task's start; None where the environment has no oracle."""
     env = make_env(p.env)
-    known: dict[int, int] = {}
+    if not has(env, "oracle_distance"):
+        return [None] * len(task_ids)
+    known: dict[int, int | None] = {}
     for t in task_ids:
         if t not in known:
             env.reset(t)
-            known[t] = int(env.solver().distance(env.state))
+            d = env.oracle_distance()
+            known[t] = int(d) if math.isfinite(d) else None
     return [known[t] for t in task_ids]
 
 

@@ -8,6 +8,7 @@ master weights whatever `policy.dtype` is (`pipeline.precision`).
 
 from __future__ import annotations
 
+from pipeline.envs.base import spec_of
 from pipeline.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
 from pipeline.precision import mark
 from pipeline.registry import STAGE_BY_NAME, strip_dir
@@ -28,7 +29,8 @@ def main(argv=None) -> None:
             metrics = {}
         else:
             ctx.log("training the tokenizer on environment text")
-            tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size)
+            tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size,
+                                        spec_of(p.env).isolate)
             model = mark(build_tiny_model(tokenizer, p.policy.tiny, p.seed), p.policy.dtype)
             model.to(resolve_device(p.runtime.device))
             n_params = sum(x.numel() for x in model.parameters())

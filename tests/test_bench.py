@@ -33,17 +33,28 @@ def test_synthetic_steps_look_like_rollouts():
     assert (s.filter(pl.col("step") == 0).group_by("task_group").agg(pl.col("anchor").n_unique())["anchor"] == 1).all()
 
 
-def test_oracle_labels_on_a_hand_made_room():
+def test_oracle_labels_on_a_hand_made_room(monkeypatch):
+    """Each row is a one-turn episode in the same room, replayed in the real environment."""
+    import pipeline.envs.sokoban as sokoban
+    from pipeline.config import Params
+
     grid = "____\n@$_.\n____\n____"          # d = 2: push right twice
+    monkeypatch.setattr(sokoban, "generate_room", lambda *a, **k: sokoban.parse_grid(grid))
     steps = pl.DataFrame({
-        "anchor": [grid] * 4,
+        "episode_id": [0, 1, 2, 3, 4], "task_id": [0, 1, 2, 3, 4], "step": [0, 0, 0, 0, 0],
         "response": ["<action>right</action>",   # d 2 -> 1: good
                      "<action>down</action>",    # player walks off the box's row: d 2 -> 3, bad
                      "<action>left</action>",    # into the wall: no move, d unchanged, neither
-                     "<action>jump</action>"],   # invalid: bad
-        "action_valid": [True, True, True, False],
-    })
-    assert credit_quality.oracle_labels(steps).to_list() == [1, 0, None, 0]
+                     "<action>jump</action>",    # invalid: bad
+                     "<action>up</action>"],     # its environment raised: no label
+        "action_valid": [True, True, True, False, True],
+        "env_error": [None, None, None, None, "RuntimeError: boom"],
+    }, schema_overrides={"env_error": pl.String})
+    cfg = Params().env.model_copy(update={"dim_room": 6})
+    assert credit_quality.oracle_labels(steps, cfg).to_list() == [1, 0, None, 0, None]
+    with pytest.raises(ValueError, match="episode 1 .* the environment judged the action valid, the step table says "
+                                         "otherwise; are these the params the run used"):
+        credit_quality.oracle_labels(steps.with_columns(pl.Series("action_valid", [True, False] + [True] * 3)), cfg)
 
 
 def test_roc_auc_by_hand():

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from pipeline.config import Params, TinyModelConfig
-from pipeline.envs.base import make_env
+from pipeline.envs.base import make_env, spec_of
 from pipeline.policy import (encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device,
                              train_tokenizer)
 from pipeline.rollout import EpisodeSpec, play_episodes
@@ -22,7 +22,7 @@ CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<
 @pytest.fixture(scope="module")
 def tokenizer():
     p = Params(policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
-    return train_tokenizer(tokenizer_corpus(p, 0), 400)
+    return train_tokenizer(tokenizer_corpus(p, 0), 400, spec_of(p.env).isolate)   # Sokoban keeps grid cells whole
 
 
 def test_grid_cells_are_single_tokens(tokenizer):

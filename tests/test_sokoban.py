@@ -51,10 +51,12 @@ def test_rewards_follow_gym_sokoban():
 
 def test_invalid_action_is_a_noop_and_episode_truncates():
     env = SokobanEnv(max_turns=2)
-    obs, anchor = env.reset(11)
+    obs = env.reset(11)
+    assert obs.admissible == ("up", "down", "left", "right")
     res = env.step("I think I'll go north")
     assert not res.action_valid and res.action is None
-    assert res.anchor == anchor and res.reward == pytest.approx(REWARD_STEP)
+    assert res.anchor == obs.anchor and res.reward == pytest.approx(REWARD_STEP)
+    assert res.admissible == obs.admissible
     res = env.step("<action>sideways</action>")
     assert not res.action_valid and res.truncated and not res.terminated
 
@@ -76,7 +78,8 @@ def test_generation_is_deterministic_and_solvable():
 
 def test_render_round_trips_and_anchor_is_the_grid():
     env = SokobanEnv()
-    obs, anchor = env.reset(5)
+    first = env.reset(5)
+    obs, anchor = first.text, first.anchor
     assert obs.startswith(anchor + "\n") and obs.splitlines()[-1].startswith("box: ")
     room, state = parse_grid(anchor)
     assert room.render(state) == anchor and state == env.state and room.targets == env.room.targets
@@ -90,3 +93,20 @@ def test_render_round_trips_and_anchor_is_the_grid():
 def test_observation_line_locates_box_and_target(grid, line):
     room, state = parse_grid(grid)
     assert room.describe(state) == line
+
+
+def test_oracle_distance_and_expert_follow_the_solver_along_an_episode():
+    """The capabilities the warm start and the credit-quality oracle use: each expert move lowers the oracle
+    distance by exactly one, down to 0 at the solved state."""
+    from pipeline.envs.base import has
+
+    env = SokobanEnv(max_turns=50)
+    env.reset(3)
+    assert has(env, "oracle_distance") and has(env, "expert_actions") and not has(env, "task_score")
+    d = env.oracle_distance()
+    assert 2 <= d < math.inf
+    while d > 0:
+        res = env.step(f"<action>{env.expert_actions()[0]}</action>")
+        assert env.oracle_distance() == d - 1
+        d -= 1
+    assert res.success and res.terminated and env.expert_actions() == []

@@ -1,5 +1,5 @@
-"""Text environments: text in, text out, each state keyed by an anchor string (credit-assignment.md, Terms)."""
+"""Environments, one module each, registered by name (`pipeline.envs.base`)."""
 
-from pipeline.envs.base import Env, StepResult, make_env
+from pipeline.envs.base import Env, EnvSpec, Observation, StepResult, has, make_env, register, require
 
-__all__ = ["Env", "StepResult", "make_env"]
+__all__ = ["Env", "EnvSpec", "Observation", "StepResult", "has", "make_env", "register", "require"]

@@ -1,14 +1,44 @@
-"""The environment interface every stage talks to.
+"""The environment interface every stage talks to, and the environment registry.
 
-`reset(seed)` returns the first observation and its anchor; `step(response_text)` parses the policy's response,
-executes it (an unparseable or inadmissible action is a no-op with `action_valid = False`) and returns a
-`StepResult`. The anchor is the environment's own key of the state (credit-assignment.md, Terms).
+An environment is one module in `pipeline/envs/` that calls `register(EnvSpec(...))` with its name, its params
+section (`env.<field>`, chosen by `env.name`) and a factory. The environment itself:
+
+- `reset(task)` starts the task with that seed and returns an `Observation`: the text the policy sees, the anchor
+  (the environment's own key of the state, credit-assignment.md, Terms), and the commands admissible now;
+- `task_description()` is the current task's text (the goal);
+- `step(response_text)` parses the policy's response, executes it and returns a `StepResult`. A response whose
+  action is not one of the admissible commands (matched exactly, case preserved) is a no-op with
+  `action_valid = False`. The result carries the next observation and its admissible commands.
+
+Optional capabilities, present as methods where the environment has them (`has`, `require`):
+- `oracle_distance()`: the exact optimal number of steps to success from the current state (inf when the task
+  can no longer be solved), for the credit-quality oracle;
+- `expert_actions()`: the admissible commands that start an optimal continuation, for the warm start's
+  demonstrations;
+- `task_score()`: a score of the episode so far in [0, 1] (partial credit), SPA's R_final where it exists.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+CAPABILITIES = {
+    "oracle_distance": "an exact distance to the goal (the credit-quality oracle)",
+    "expert_actions": "an expert that names optimal actions (the warm start's demonstrations)",
+    "task_score": "a task score in [0, 1]",
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    text: str                     # what the policy sees of the state
+    anchor: str                   # the environment's key of the state (no history, no task, no command list)
+    admissible: tuple[str, ...]   # the commands valid now
 
 
 @dataclass(frozen=True)
@@ -20,29 +50,68 @@ class StepResult:
     truncated: bool
     action_valid: bool
     success: bool
-    action: str | None  # the parsed action, None when the response held none that is admissible
+    action: str | None            # the admissible command executed, None when the response named none
+    admissible: tuple[str, ...] = ()   # the commands valid in the new state
 
 
 class Env(Protocol):
     name: str
-    actions: tuple[str, ...]
+
+    def reset(self, task: int) -> Observation: ...
 
     def task_description(self) -> str: ...
-
-    def reset(self, seed: int) -> tuple[str, str]: ...
 
     def step(self, response_text: str) -> StepResult: ...
 
 
-def make_env(cfg) -> Env:
-    """Build the environment named by `cfg.name` (an `EnvConfig`)."""
-    if cfg.name == "sokoban":
-        from pipeline.envs.sokoban import SokobanEnv
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    config: type                       # pydantic section with `name: Literal[<name>]` and `max_turns`
+    make: Callable[..., Env]           # make(config, cache_dir) -> Env
+    # characters the tiny model's tokenizer keeps as single tokens (a grid's cells), or None
+    isolate: str | None = None
 
-        return SokobanEnv(
-            dim_room=cfg.dim_room,
-            num_boxes=cfg.num_boxes,
-            max_turns=cfg.max_turns,
-            min_solution_moves=cfg.min_solution_moves,
-        )
-    raise ValueError(f"env.name: unknown environment {cfg.name!r}; expected one of ['sokoban']")
+
+CACHE_DIR = "results/envs"   # files environments generate (games), shared by the stages of a run
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(spec: EnvSpec) -> EnvSpec:
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def registered() -> dict[str, EnvSpec]:
+    if not _REGISTRY:
+        from pipeline import envs
+
+        for m in pkgutil.iter_modules(envs.__path__):
+            if m.name != "base":
+                importlib.import_module(f"pipeline.envs.{m.name}")
+    return dict(_REGISTRY)
+
+
+def spec_of(cfg) -> EnvSpec:
+    specs = registered()
+    if cfg.name not in specs:
+        raise ValueError(f"env.name: unknown environment {cfg.name!r}; expected one of {sorted(specs)}")
+    return specs[cfg.name]
+
+
+def make_env(cfg, cache_dir: str | Path = CACHE_DIR) -> Env:
+    """The environment named by `cfg.name` (an `env` section); `cache_dir` holds files it generates (games)."""
+    return spec_of(cfg).make(cfg, Path(cache_dir))
+
+
+def has(env: Env, capability: str) -> bool:
+    return callable(getattr(env, capability, None))
+
+
+def require(env: Env, capability: str, who: str) -> None:
+    """A clear error when `who` needs a capability the environment lacks."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"unknown capability {capability!r}")
+    if not has(env, capability):
+        raise ValueError(f"{who} needs {CAPABILITIES[capability]}, which environment {env.name!r} does not "
+                         f"provide ({capability})")

@@ -19,10 +19,14 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
+from typing import Literal
 
-from pipeline.envs.base import StepResult
+import numpy as np
+from pydantic import Field
+
+from pipeline.envs.base import EnvSpec, Observation, StepResult, register
 from pipeline.prompting import parse_action
+from pipeline.schema import EnvSection
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -233,7 +237,17 @@ def parse_grid(text: str, border: bool = False) -> tuple[Room, State]:
     return Room(frozenset(walls), frozenset(targets), dim), (player, tuple(sorted(boxes)))
 
 
+class SokobanConfig(EnvSection):
+    """Sokoban rooms generated from the task seed (`env.name: sokoban`)."""
+    name: Literal["sokoban"] = "sokoban"
+    dim_room: int = Field(6, ge=4, le=12, description="room side, outer wall included")
+    num_boxes: int = Field(1, ge=1, le=3, description="boxes (and targets) per room")
+    max_turns: int = Field(15, ge=1, le=200, description="turns before an episode is truncated")
+    min_solution_moves: int = Field(2, ge=1, description="rooms whose optimal solution is shorter are skipped")
+
+
 class SokobanEnv:
+    """Capabilities: `oracle_distance` (the exact BFS solver) and `expert_actions` (its optimal moves)."""
     name = "sokoban"
     actions = ACTIONS
 
@@ -245,14 +259,17 @@ class SokobanEnv:
         self.room: Room | None = None
         self.state: State | None = None
         self.turn = 0
+        self._solver: Solver | None = None
 
     def task_description(self) -> str:
         return "Sokoban. Push every box $ onto a target . (# wall, _ floor, @ you, * box on target, + you on target)"
 
-    def reset(self, seed: int) -> tuple[str, str]:
-        self.room, self.state = generate_room(seed, self.dim_room, self.num_boxes, self.min_solution_moves)
+    def reset(self, task: int) -> Observation:
+        self.room, self.state = generate_room(task, self.dim_room, self.num_boxes, self.min_solution_moves)
         self.turn = 0
-        return self._observe()
+        self._solver = None
+        text, anchor = self._observe()
+        return Observation(text, anchor, ACTIONS)
 
     def _observe(self) -> tuple[str, str]:
         """(observation, anchor): the grid plus a line of coordinates; the anchor is the grid alone."""
@@ -261,7 +278,15 @@ class SokobanEnv:
 
     def solver(self) -> Solver:
         assert self.room is not None and self.state is not None, "reset() first"
-        return Solver(self.room, self.state)
+        if self._solver is None or self._solver.room is not self.room:
+            self._solver = Solver(self.room, self.state)
+        return self._solver
+
+    def oracle_distance(self) -> float:
+        return self.solver().distance(self.state)
+
+    def expert_actions(self) -> list[str]:
+        return self.solver().optimal_actions(self.state)
 
     def step(self, response_text: str) -> StepResult:
         if self.room is None or self.state is None:
@@ -285,4 +310,15 @@ class SokobanEnv:
             action_valid=action is not None,
             success=success,
             action=action,
+            admissible=ACTIONS,
         )
+
+
+def _make(cfg: SokobanConfig, cache_dir=None) -> SokobanEnv:
+    return SokobanEnv(dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, max_turns=cfg.max_turns,
+                      min_solution_moves=cfg.min_solution_moves)
+
+
+# Every grid symbol and newline is its own token, so that a state is a sequence of cells the model can read
+# (merged rows or whole grids would make every unseen state an unseen token).
+SPEC = register(EnvSpec("sokoban", SokobanConfig, _make, isolate=r"[#_.$*@+\n0-9]"))
