@@ -80,7 +80,10 @@ class PolicyConfig(Section):
 
 
 class WarmstartConfig(Section):
-    episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="solver-guided episodes turned into demonstrations")
+    episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="expert-guided episodes turned into demonstrations")
+    tasks: int | None = Field(None, ge=1, le=MAX_INDEX, description="distinct warm-start tasks the episodes cycle "
+                              "through (null: a new task every episode; set it where tasks are costly to make, as "
+                              "generated text games are)")
     random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
     steps: int = Field(800, ge=0, description="supervised optimisation steps")

@@ -38,13 +38,14 @@ from pipeline.prompting import build_prompt, format_action
 from pipeline.tasks import task_seed
 
 
-def demonstration_tasks(seed: int, episodes: int, stream: str = "warmstart") -> list[int]:
-    """The task seeds the warm start (or the tokenizer's corpus, `stream="tokenizer"`) plays."""
-    return [task_seed(stream, seed, 0, j) for j in range(episodes)]
+def demonstration_tasks(seed: int, episodes: int, stream: str = "warmstart", tasks: int | None = None) -> list[int]:
+    """The task seeds the warm start (or the tokenizer's corpus, `stream="tokenizer"`) plays: one per episode, or
+    `tasks` distinct ones in turn."""
+    return [task_seed(stream, seed, 0, j if tasks is None else j % tasks) for j in range(episodes)]
 
 
-def demonstrations(params: Params, episodes: int, random_share: float, seed: int,
-                   stream: str = "warmstart") -> list[tuple[str, str, str | None]]:
+def demonstrations(params: Params, episodes: int, random_share: float, seed: int, stream: str = "warmstart",
+                   tasks: int | None = None) -> list[tuple[str, str, str | None]]:
     """(prompt, executed response, an optimal response or None) from expert-guided play on the tasks of `stream`
     (warm-start or tokenizer tasks, never training or held-out ones: `pipeline.tasks`).
 
@@ -59,7 +60,7 @@ def demonstrations(params: Params, episodes: int, random_share: float, seed: int
     if random_share < 1.0:
         require(env, "expert_actions", "the warm start (warmstart.random_action_share < 1)")
     pairs = []
-    for task in demonstration_tasks(seed, episodes, stream):
+    for task in demonstration_tasks(seed, episodes, stream, tasks):
         obs = env.reset(task)
         text, admissible = obs.text, obs.admissible
         history: list[tuple[str, str | None]] = []

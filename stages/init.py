@@ -35,7 +35,8 @@ def main(argv=None) -> None:
             model.to(resolve_device(p.runtime.device))
             n_params = sum(x.numel() for x in model.parameters())
             ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}, on {model.device}")
-            pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed)
+            pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed,
+                                   tasks=p.warmstart.tasks)
             ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
             losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,
                                           p.warmstart.lr, p.seed, clean_steps=p.warmstart.clean_steps,
