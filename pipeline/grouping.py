@@ -96,6 +96,10 @@ def similarity_groups(steps: pl.DataFrame, threshold: float) -> pl.Series:
     Within each task group, distinct anchors are visited in order of first appearance (rows sorted by
     episode and step) and each joins the first cluster whose first member it matches with a difflib ratio of at
     least `threshold`, else opens a new cluster. Returns one global cluster id per row of `steps`.
+
+    The work is one comparison per (distinct anchor, cluster head) of a task group. Each new anchor is indexed
+    once (difflib's matcher keeps its second sequence's index across heads), and the length bound
+    2·min(|a|, |b|) / (|a| + |b|) ≥ ratio rejects most heads before any matching.
     """
     from difflib import SequenceMatcher
 
@@ -104,13 +108,19 @@ def similarity_groups(steps: pl.DataFrame, threshold: float) -> pl.Series:
     heads: dict[int, list[tuple[str, int]]] = {}
     next_id = 0
     ids = []
+    matcher = SequenceMatcher(None, autojunk=False)
     for g, a in zip(order["task_group"].to_list(), order["anchor"].to_list(), strict=True):
         key = (g, a)
         if key not in cluster_of:
             found = None
+            matcher.set_seq2(a)
+            la = len(a)
             for head, cid in heads.setdefault(g, []):
-                m = SequenceMatcher(None, head, a, autojunk=False)
-                if m.real_quick_ratio() >= threshold and m.quick_ratio() >= threshold and m.ratio() >= threshold:
+                lh = len(head)
+                if 2 * min(la, lh) < threshold * (la + lh):      # real_quick_ratio, without the call
+                    continue
+                matcher.set_seq1(head)
+                if matcher.quick_ratio() >= threshold and matcher.ratio() >= threshold:
                     found = cid
                     break
             if found is None:

@@ -77,3 +77,24 @@ def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_
             pen = 0.0 if r["action_valid"] else invalid_penalty
             out[key] = episode_adv[e] - pen + weight * step_adv[key]
     return out
+
+
+def similarity_groups_reference(rows: list[dict], threshold: float) -> dict[tuple, int]:
+    """Greedy similarity clustering of anchors (credit-assignment.md, GiGPO) the plain way: a new `SequenceMatcher`
+    for every (anchor, cluster head) pair, every row looked at. `rows`: dicts with episode_id, step, task_group,
+    anchor. Returns {(episode_id, step): cluster id}, ids numbered in order of first appearance."""
+    from difflib import SequenceMatcher
+
+    heads: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    out, next_id = {}, 0
+    for r in sorted(rows, key=lambda r: (r["episode_id"], r["step"])):
+        found = None
+        for head, cid in heads[r["task_group"]]:
+            if SequenceMatcher(None, head, r["anchor"], autojunk=False).ratio() >= threshold:
+                found = cid
+                break
+        if found is None:
+            found, next_id = next_id, next_id + 1
+            heads[r["task_group"]].append((r["anchor"], found))
+        out[(r["episode_id"], r["step"])] = found
+    return out

@@ -126,3 +126,14 @@ def test_learning_smoke(tmp_path):
     row = table.filter(pl.col("method") == "grpo").row(0, named=True)
     assert row["final_mean"] == grpo[1] and row["auc_mean"] == pytest.approx(sum(grpo) / 2)
     assert (out / "learning.png").stat().st_size > 0
+
+
+@pytest.mark.e2e
+def test_similarity_smoke(grpo_run, tmp_path):
+    from bench import similarity
+
+    df = similarity.run(grpo_run / "results", 0.95, tmp_path, reference_max=200)
+    rows = {r["grouping"]: r for r in df.iter_rows(named=True)}
+    exact, sim = rows["exact anchors"], rows["similarity >= 0.95"]
+    assert sim["step_groups"] <= exact["step_groups"]                  # clustering can only merge groups
+    assert sim["seconds_per_1e4_turns"] > 0 and (tmp_path / "similarity.csv").is_file()

@@ -139,3 +139,20 @@ def test_discounted_returns_match_the_recursion(episodes, gamma):
     back_to_sorted = np.empty_like(got)
     back_to_sorted[order] = got
     assert back_to_sorted.tolist() == pytest.approx(expected, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["the kitchen. a fridge", "the kitchen. a fridge!",
+                                                              "a dark cellar", "a dark cellar.", "x" * 30,
+                                                              "x" * 29 + "y", ""])), min_size=1, max_size=40),
+       st.sampled_from([0.5, 0.9, 0.95, 1.0]))
+def test_similarity_grouping_equals_the_per_pair_reference(rows, threshold):
+    from bench.similarity import same_partition
+    from pipeline.grouping import similarity_groups
+    from pipeline.reference import similarity_groups_reference
+
+    df = pl.DataFrame({"episode_id": list(range(len(rows))), "step": [0] * len(rows),
+                       "task_group": [g for g, _ in rows], "anchor": [a for _, a in rows]})
+    ref = similarity_groups_reference(df.to_dicts(), threshold)
+    got = similarity_groups(df, threshold).to_list()
+    assert same_partition(got, [ref[(e, 0)] for e in range(len(rows))])
