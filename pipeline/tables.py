@@ -8,6 +8,7 @@ dictionary-encoded strings; list, large_list and list views; integers and floats
 value fits. It casts them to the declared schema. It then checks the content and stops at the first problem,
 with one line naming the file, the column, the first offending turn and what was expected:
 - the table is not empty (where the table requires rows);
+- no column holds nulls, except those declared nullable (a step table's `action` and `env_error`);
 - (episode_id, step) is unique, and the steps of each episode run 0, 1, 2, ... (step tables);
 - the reward, log-prob, score and advantage columns hold finite numbers.
 `check_same_turns` checks that a table joined to the step table covers exactly its turns.
@@ -37,6 +38,7 @@ class Table:
     keyed: bool = True               # one row per (episode_id, step)
     contiguous: bool = False         # each episode's steps run 0, 1, 2, ... (tables of whole episodes)
     finite: tuple[str, ...] = ()     # numeric or list-of-numeric columns that must be finite and not null
+    nullable: tuple[str, ...] = ()   # the columns that may hold nulls; every other must not
     empty_ok: bool = False
     what: str = "turn"               # what one row is, for messages
 
@@ -69,7 +71,8 @@ STEPS_SCHEMA = pa.schema([
     ("env_error", pa.string()),       # null unless the environment raised during this episode
 ])
 
-STEPS = Table(STEPS_SCHEMA, contiguous=True, finite=("reward", "episode_return", "response_logprobs"))
+STEPS = Table(STEPS_SCHEMA, contiguous=True, finite=("reward", "episode_return", "response_logprobs"),
+              nullable=("action", "env_error"))
 
 GROUPS_SCHEMA = pa.schema([
     ("episode_id", pa.int64()),
@@ -101,7 +104,8 @@ ADVANTAGES_SCHEMA = pa.schema([
     ("advantage", pa.float64()),          # episode_advantage + step_advantage - penalty
 ])
 
-ADVANTAGES = Table(ADVANTAGES_SCHEMA, finite=("episode_advantage", "step_advantage", "penalty", "advantage"))
+ADVANTAGES = Table(ADVANTAGES_SCHEMA, finite=("episode_advantage", "step_advantage", "penalty", "advantage"),
+                   nullable=("step_score",))
 
 EVAL_EPISODES_SCHEMA = pa.schema([
     ("iteration", pa.int32()),
@@ -112,7 +116,8 @@ EVAL_EPISODES_SCHEMA = pa.schema([
     ("invalid_turns", pa.int32()),
     ("optimal_moves", pa.int32()),    # the oracle's optimal number of steps from the start; null without one
 ])
-EVAL_EPISODES = Table(EVAL_EPISODES_SCHEMA, keyed=False, finite=("episode_return",), what="episode")
+EVAL_EPISODES = Table(EVAL_EPISODES_SCHEMA, keyed=False, finite=("episode_return",), nullable=("optimal_moves",),
+                      what="episode")
 
 
 class TableError(ValueError):
@@ -205,6 +210,13 @@ def check_rows(df: pl.DataFrame, table: Table, path: Path) -> None:
         if table.empty_ok:
             return
         raise TableError(f"{path}: the table has no rows; expected at least one {table.what}")
+    nulls = df.null_count().row(0, named=True)
+    for name, count in nulls.items():
+        if count and name not in table.nullable and name not in table.finite:
+            first = int(df[name].is_null().arg_max())
+            where = _key(df, first) if table.keyed and name not in KEYS else f"row {first}"
+            raise TableError(f"{path}: column '{name}' is null at {where} (first of {count} such rows); expected a "
+                             f"value in every row")
     for name in table.finite:
         col = pl.col(name)
         if isinstance(df.schema[name], pl.List):

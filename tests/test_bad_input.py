@@ -41,6 +41,7 @@ TABLE_CASES = {   # table -> case -> (edit of the frame, or TRUNCATE / REMOVE; w
         "NaN reward": (_set("reward", 2, float("nan")), "column 'reward' holds nan"),
         "infinite log-prob": (_set("response_logprobs", 4, pl.lit([float("-inf")])),
                               "column 'response_logprobs' holds [-inf]"),
+        "null anchor": (_set("anchor", 1, None), "column 'anchor' is null"),
         "missing column": (lambda df: df.drop("reward"), "column 'reward' is missing"),
         "wrong type": (lambda df: df.with_columns(pl.col("reward").cast(pl.String)),
                        "column 'reward' has type large_string; expected double"),

@@ -126,6 +126,8 @@ def test_wider_integers_are_accepted_when_they_fit(steps_file):
     (lambda df: df.with_columns(pl.when(pl.col("episode_id") == 1).then(None).otherwise(pl.col("reward"))
                                 .alias("reward")),
      r"column 'reward' holds None at episode_id 1, step 0 \(first of 3 such rows\)"),
+    (lambda df: df.with_columns(pl.when(pl.col("step") == 1).then(None).otherwise(pl.col("anchor")).alias("anchor")),
+     r"column 'anchor' is null at episode_id 0, step 1 \(first of 2 such rows\); expected a value in every row"),
     (lambda df: df.with_columns(pl.when((pl.col("episode_id") == 1) & (pl.col("step") == 0))
                                 .then(pl.lit([-0.5, float("-inf")])).otherwise(pl.col("response_logprobs"))
                                 .alias("response_logprobs")),
