@@ -82,6 +82,7 @@ def test_nan_reward_stops_advantages_and_nan_advantage_stops_update(grpo_run, tm
             "numbers") in r.stderr
     assert not advantages.exists() and not list(it1.glob(".advantages.parquet.tmp-*"))
 
+    write_table(steps, it1 / "steps.parquet", STEPS)
     write_table(kept.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(float("inf"))
                                   .otherwise(pl.col("advantage")).alias("advantage")), advantages, ADVANTAGES)
     shutil.rmtree(it1 / "checkpoint")
