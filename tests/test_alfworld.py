@@ -1,0 +1,177 @@
+"""ALFWorld on its real engine (pipeline/envs/alfworld_env.py): the shipped games load as ALFWorld's own loader
+loads the official ones, commands are parsed exactly, the planner's distance falls by one along its plan and is
+the shortest, held-out tasks come from their own split, and the tiny configuration runs end to end."""
+
+import subprocess
+from collections import deque
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Params
+from pipeline.envs.base import has, make_env
+from pipeline.tasks import task_seed
+
+pytest.importorskip("alfworld")
+pytest.importorskip("fast_downward")
+
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "alfworld" / "json_2.1.1"
+
+
+def alf_params(**env) -> Params:
+    return Params.model_validate({"env": {"name": "alfworld", **env}})
+
+
+def test_shipped_games_are_what_the_generator_writes(tmp_path):
+    from pipeline.envs.alfworld_games import main
+
+    main(["--out", str(tmp_path)])
+    mine = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    shipped = sorted(p.relative_to(SHIPPED) for p in SHIPPED.rglob("*") if p.is_file())
+    assert mine == shipped and len(mine) == 2 * 32
+    for rel in mine:
+        assert (tmp_path / rel).read_bytes() == (SHIPPED / rel).read_bytes(), rel
+
+
+def test_shipped_games_load_with_alfworlds_own_loader():
+    """`AlfredTWEnv` (ALFWorld's loader for the official release) finds every shipped game and plays it through
+    TextWorld's gym interface, with the same first observation the adapter gives."""
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+    config = {"env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 3, 4, 5], "domain_randomization": False,
+                      "expert_type": "planner"},
+              "dataset": {"data_path": str(SHIPPED / "train"), "eval_id_data_path": str(SHIPPED / "valid_seen"),
+                          "eval_ood_data_path": str(SHIPPED / "valid_seen"), "num_train_games": -1,
+                          "num_eval_games": -1},
+              "general": {"training_method": "dqn"}, "rl": {"training": {"max_nb_steps_per_episode": 10}}}
+    official = AlfredTWEnv(config, train_eval="train")
+    assert official.num_games == 24
+    from pipeline.envs.alfworld_env import game_files
+
+    assert sorted(official.game_files) == list(game_files(str(SHIPPED), "train", (1, 3, 4, 5)))
+    official.game_files = sorted(official.game_files)[:1]
+    gym_env = official.init_env(batch_size=1)
+    obs, infos = gym_env.reset()
+    gym_env.close()
+    env = make_env(alf_params().env)
+    env.path = None
+    env._start(official.game_files[0])
+    env.state = env.env.reset()
+    intro = env.state.feedback
+    assert obs[0] == intro and "Your task is to: " in intro
+    assert "go to " in " ".join(infos["admissible_commands"][0])
+
+
+def test_an_episode_along_the_planner_on_the_real_engine():
+    env = make_env(alf_params().env)
+    assert has(env, "oracle_distance") and has(env, "expert_actions") and not has(env, "task_score")
+    obs = env.reset(task_seed("train", 0, 1, 0))
+    assert obs.text.startswith("You are in the middle of a room.") and obs.anchor == obs.text
+    assert env.task_description().startswith("ALFWorld. Your task is to: ")
+    assert "help" not in obs.admissible and "look" in obs.admissible
+    d = env.oracle_distance()
+    assert d >= 4
+    res = None
+    while d > 0:
+        (best,) = env.expert_actions()
+        res = env.step(f"<action>{best}</action>")
+        assert res.action_valid and res.action == best
+        assert env.oracle_distance() == d - 1
+        assert res.reward == (1.0 if d == 1 else 0.0)
+        d -= 1
+    assert res.success and res.terminated and not res.truncated
+
+
+def test_commands_are_matched_exactly_and_invalid_turns_change_nothing():
+    env = make_env(alf_params().env)
+    obs = env.reset(task_seed("train", 0, 1, 0))
+    go = next(c for c in obs.admissible if c.startswith("go to "))
+    d = env.oracle_distance()
+    bad = env.step(f"<action>{go.capitalize()}</action>")
+    assert not bad.action_valid and bad.action is None and bad.observation == "Nothing happens."
+    assert bad.admissible == obs.admissible and env.oracle_distance() == d
+    ok = env.step(f"<action> {go} </action>")
+    assert ok.action_valid and ok.observation.startswith(f"You arrive at {go[6:]}.")
+
+
+def _shortest(env, limit: int) -> int | None:
+    """Breadth-first search over the game's states (facts) from its start, replaying each path from a reset:
+    the length of the shortest winning path, or None if none is at most `limit` long."""
+    def replay(path):
+        env.state = env.env.reset()
+        for c in path:
+            env.state, _, _ = env.env.step(c)
+        return env.state
+
+    start = replay(())
+    seen = {frozenset(map(str, env._pddl()._pddl_state.facts))}
+    queue = deque([((), start)])
+    while queue:
+        path, state = queue.popleft()
+        if len(path) == limit:
+            continue
+        for c in state.admissible_commands:
+            nxt = replay(path + (c,))
+            if nxt.won:
+                return len(path) + 1
+            key = frozenset(map(str, env._pddl()._pddl_state.facts))
+            if key not in seen:
+                seen.add(key)
+                queue.append((path + (c,), nxt))
+    return None
+
+
+def test_the_planners_distance_is_the_shortest_path():
+    """On a shipped game, exhaustive search finds no winning path shorter than the planner's distance."""
+    env = make_env(alf_params(task_types=[1]).env)
+    env.reset(task_seed("train", 0, 1, 0))
+    d = int(env.oracle_distance())
+    assert _shortest(env, d) == d
+
+
+def test_held_out_tasks_come_from_the_eval_split_in_order():
+    from pipeline.envs.alfworld_env import game_files, game_of
+
+    cfg = alf_params().env
+    valid = game_files(str(SHIPPED), "valid_seen", (1, 2, 3, 4, 5, 6))
+    assert [game_of(cfg, task_seed("eval", 0, 0, i)) for i in range(9)] == [*valid, valid[0]]
+    train = {game_of(cfg, task_seed("train", s, it, i)) for s in range(3) for it in range(3) for i in range(16)}
+    assert train <= set(game_files(str(SHIPPED), "train", (1, 2, 3, 4, 5, 6))) and len(train) >= 20
+    assert not train & set(valid)
+
+
+def test_a_missing_data_path_is_named(tmp_path):
+    env = make_env(alf_params(data_path=str(tmp_path / "nowhere")).env)
+    with pytest.raises(ValueError, match=r"env.data_path: .*nowhere/train is not a folder"):
+        env.reset(task_seed("train", 0, 1, 0))
+    with pytest.raises(ValueError, match="env.task_types: unknown task types"):
+        make_env(alf_params(task_types=[7]).env).reset(task_seed("train", 0, 1, 0))
+
+
+@pytest.mark.e2e
+def test_tiny_alfworld_configuration_end_to_end(tmp_path):
+    from tests.conftest import ROOT, SNAKEMAKE, snakemake_failure, workflow_files
+
+    workflow_files(tmp_path)
+    params = yaml.safe_load((ROOT / "configs" / "alfworld.yaml").read_text())
+    tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
+    for section in ("loop", "policy", "rollout", "update", "evaluate"):
+        params[section] = tiny[section]
+    params["warmstart"] = {**tiny["warmstart"], "tasks": 4}
+    params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
+    params["env"]["max_turns"] = 6
+    params["credit"]["method"] = "gigpo"
+    params["tracking"] = {"enabled": False}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=1200)
+    if r.returncode != 0:
+        pytest.fail(snakemake_failure(tmp_path, r))
+    import polars as pl
+
+    steps = pl.read_parquet(tmp_path / "results/iter_2/steps.parquet")
+    assert steps["prompt"][0].startswith("ALFWorld. Your task is to: ") and "Admissible actions: [go to " in \
+        steps["prompt"][0]
+    held_out = pl.read_parquet(tmp_path / "results/iter_2/eval.parquet")
+    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4
