@@ -153,20 +153,45 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    paired = "grpo" in curves["method"].to_list() and curves["method"].n_unique() > 1
+    fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(12 if paired else 7, 4), dpi=120, squeeze=False)
+    ax = axes[0][0]
     agg = curves.group_by("method", "iteration").agg(
         pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
         pl.len().alias("n")).sort("iteration")
+    colors = {}
     for method in curves["method"].unique(maintain_order=True).to_list():
         d = agg.filter(pl.col("method") == method)
         x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
         line = ax.plot(x, m, marker="o", label=f"{method} (n={int(d['n'].max())})")[0]
+        colors[method] = line.get_color()
         ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
     ax.set_xlabel("iteration")
     ax.set_ylabel("held-out success rate")
     ax.set_title("Learning curves: mean ± std over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if paired:
+        # the seeds differ far more than the methods do; the difference to GRPO on the same seed removes that
+        ax = axes[0][1]
+        base = curves.filter(pl.col("method") == "grpo").select("seed", "iteration",
+                                                                  pl.col("success_rate").alias("grpo"))
+        diff = (curves.filter(pl.col("method") != "grpo").join(base, on=["seed", "iteration"])
+                .with_columns(((pl.col("success_rate") - pl.col("grpo")) * 100).alias("d"))
+                .group_by("method", "iteration").agg(pl.col("d").mean().alias("m"),
+                                                     pl.col("d").std().fill_null(0.0).alias("s"))
+                .sort("iteration"))
+        for method in [m for m in colors if m != "grpo"]:
+            d = diff.filter(pl.col("method") == method)
+            x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
+            ax.plot(x, m, marker="o", color=colors[method], label=method)
+            ax.fill_between(x, m - s, m + s, color=colors[method], alpha=0.12)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("success minus GRPO's, same seed (points)")
+        ax.set_title("Paired by seed: mean ± std of the difference")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)
