@@ -29,6 +29,26 @@ def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
     return f"snakemake failed in {d}:\n{r.stderr[-4000:]}\n{logs}"
 
 
+def run_env_config(d: Path, config: str, **changes) -> dict:
+    """Run `configs/<config>` end to end in `d` at the tiny test sizes (2 iterations), with `changes` to its
+    sections merged in; returns the params written. Fails the test with Snakemake's log on error."""
+    workflow_files(d)
+    params = yaml.safe_load((ROOT / "configs" / config).read_text())
+    tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
+    for section in ("loop", "policy", "rollout", "update", "evaluate"):
+        params[section] = tiny[section]
+    params["warmstart"] = {**tiny["warmstart"], "tasks": 4}
+    params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
+    params["tracking"] = {"enabled": False}
+    for section, values in changes.items():
+        params[section] = {**params.get(section, {}), **values}
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        pytest.fail(snakemake_failure(d, r))
+    return params
+
+
 @pytest.fixture(scope="session")
 def grpo_run(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("e2e")

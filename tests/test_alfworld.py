@@ -2,12 +2,10 @@
 loads the official ones, commands are parsed exactly, the planner's distance falls by one along its plan and is
 the shortest, held-out tasks come from their own split, and the tiny configuration runs end to end."""
 
-import subprocess
 from collections import deque
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline.config import Params
 from pipeline.envs.base import has, make_env
@@ -151,23 +149,9 @@ def test_a_missing_data_path_is_named(tmp_path):
 
 @pytest.mark.e2e
 def test_tiny_alfworld_configuration_end_to_end(tmp_path):
-    from tests.conftest import ROOT, SNAKEMAKE, snakemake_failure, workflow_files
+    from tests.conftest import run_env_config
 
-    workflow_files(tmp_path)
-    params = yaml.safe_load((ROOT / "configs" / "alfworld.yaml").read_text())
-    tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
-    for section in ("loop", "policy", "rollout", "update", "evaluate"):
-        params[section] = tiny[section]
-    params["warmstart"] = {**tiny["warmstart"], "tasks": 4}
-    params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
-    params["env"]["max_turns"] = 6
-    params["credit"]["method"] = "gigpo"
-    params["tracking"] = {"enabled": False}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=1200)
-    if r.returncode != 0:
-        pytest.fail(snakemake_failure(tmp_path, r))
+    run_env_config(tmp_path, "alfworld.yaml", env={"max_turns": 6}, credit={"method": "gigpo"})
     import polars as pl
 
     steps = pl.read_parquet(tmp_path / "results/iter_2/steps.parquet")

@@ -1,10 +1,8 @@
 """TextWorld on its real engine (pipeline/envs/textworld_env.py): games generated offline and cached, free-text
 commands parsed exactly, the exact logic-state oracle and expert, and the tiny configuration end to end."""
 
-import subprocess
 
 import pytest
-import yaml
 
 from pipeline.config import Params
 from pipeline.envs.base import has, make_env
@@ -90,21 +88,9 @@ def test_a_game_too_large_for_the_oracle_says_so(cache):
 
 @pytest.mark.e2e
 def test_tiny_textworld_configuration_end_to_end(tmp_path):
-    from tests.conftest import ROOT, SNAKEMAKE, snakemake_failure, workflow_files
+    from tests.conftest import run_env_config
 
-    workflow_files(tmp_path)
-    params = yaml.safe_load((ROOT / "configs" / "textworld.yaml").read_text())
-    tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
-    for section in ("loop", "policy", "rollout", "update", "evaluate"):
-        params[section] = tiny[section]
-    params["warmstart"] = {**tiny["warmstart"], "tasks": 4}
-    params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
-    params["tracking"] = {"enabled": False}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=1200)
-    if r.returncode != 0:
-        pytest.fail(snakemake_failure(tmp_path, r))
+    run_env_config(tmp_path, "textworld.yaml")
     games = list((tmp_path / "results/envs/textworld").rglob("*.z8"))
     assert len(games) >= 4 + 2 * 2 + 4          # warm start, two iterations of training tasks, held-out tasks
     import polars as pl
