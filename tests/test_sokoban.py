@@ -110,3 +110,16 @@ def test_oracle_distance_and_expert_follow_the_solver_along_an_episode():
         assert env.oracle_distance() == d - 1
         d -= 1
     assert res.success and res.terminated and env.expert_actions() == []
+
+
+def test_an_env_whose_engine_is_missing_names_the_packages():
+    from pipeline.envs.base import EnvSpec, _REGISTRY, make_env, register
+
+    register(EnvSpec("ghost", object, lambda cfg, d: None, requires=("no_such_engine_module",),
+                     packages="the ghost package"))
+    try:
+        with pytest.raises(ValueError, match=r"env.name ghost needs the ghost package \(No module named "
+                                             r"'no_such_engine_module'\); install the project"):
+            make_env(type("Cfg", (), {"name": "ghost"})())
+    finally:
+        _REGISTRY.pop("ghost")

@@ -193,14 +193,5 @@ class AlfWorldEnv:
         return [plan[0]] if plan and plan[0] in self._commands(self.state) else []
 
 
-def _make(cfg: AlfWorldConfig, cache_dir: Path) -> AlfWorldEnv:
-    try:
-        import alfworld  # noqa: F401
-        import fast_downward  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"env.name alfworld needs the alfworld and textworld[pddl] packages ({e}); install the "
-                         "project as the README says") from None
-    return AlfWorldEnv(cfg, cache_dir)
-
-
-SPEC = register(EnvSpec("alfworld", AlfWorldConfig, _make))
+SPEC = register(EnvSpec("alfworld", AlfWorldConfig, AlfWorldEnv, requires=("alfworld", "fast_downward"),
+                        packages="the alfworld and textworld[pddl] packages"))

@@ -71,6 +71,9 @@ class EnvSpec:
     make: Callable[..., Env]           # make(config, cache_dir) -> Env
     # characters the tiny model's tokenizer keeps as single tokens (a grid's cells), or None
     isolate: str | None = None
+    # modules the environment's engine needs, and the packages that install them (for the error when one is missing)
+    requires: tuple[str, ...] = ()
+    packages: str = ""
 
 
 CACHE_DIR = "results/envs"   # files environments generate (games), shared by the stages of a run
@@ -82,13 +85,20 @@ def register(spec: EnvSpec) -> EnvSpec:
     return spec
 
 
+_DISCOVERED = False
+
+
 def registered() -> dict[str, EnvSpec]:
-    if not _REGISTRY:
+    """Every environment module's spec; the modules are imported once (one imported directly before does not stop
+    the others from being found)."""
+    global _DISCOVERED
+    if not _DISCOVERED:
         from pipeline import envs
 
         for m in pkgutil.iter_modules(envs.__path__):
             if m.name != "base":
                 importlib.import_module(f"pipeline.envs.{m.name}")
+        _DISCOVERED = True
     return dict(_REGISTRY)
 
 
@@ -101,7 +111,14 @@ def spec_of(cfg) -> EnvSpec:
 
 def make_env(cfg, cache_dir: str | Path = CACHE_DIR) -> Env:
     """The environment named by `cfg.name` (an `env` section); `cache_dir` holds files it generates (games)."""
-    return spec_of(cfg).make(cfg, Path(cache_dir))
+    spec = spec_of(cfg)
+    for module in spec.requires:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"env.name {spec.name} needs {spec.packages or module} ({e}); install the project as "
+                             "the README says") from None
+    return spec.make(cfg, Path(cache_dir))
 
 
 def has(env: Env, capability: str) -> bool:

@@ -240,13 +240,5 @@ class TextWorldEnv:
         return float(self.state.score) / max(float(self.state.max_score), 1.0)
 
 
-def _make(cfg: TextWorldConfig, cache_dir: Path) -> TextWorldEnv:
-    try:
-        import textworld  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"env.name textworld needs the textworld package ({e}); install the project as the README "
-                         "says") from None
-    return TextWorldEnv(cfg, cache_dir)
-
-
-SPEC = register(EnvSpec("textworld", TextWorldConfig, _make))
+SPEC = register(EnvSpec("textworld", TextWorldConfig, TextWorldEnv, requires=("textworld",),
+                        packages="the textworld package"))
