@@ -128,14 +128,61 @@ class Generation:
     text: str
 
 
+# Generation settings that a model folder's generation_config.json may set (Qwen2.5-Instruct sets
+# repetition_penalty 1.05, top_k 20, top_p 0.8) and that would make the sampler's distribution differ from
+# softmax(logits / temperature), the one the trainer recomputes. Every sampling call overrides them.
+NEUTRAL_SAMPLING = dict(top_k=None, top_p=None, min_p=None, typical_p=None, epsilon_cutoff=None, eta_cutoff=None,
+                        repetition_penalty=None, no_repeat_ngram_size=None, encoder_repetition_penalty=None,
+                        min_length=None, min_new_tokens=None, bad_words_ids=None, suppress_tokens=None,
+                        begin_suppress_tokens=None, sequence_bias=None, forced_bos_token_id=None,
+                        forced_eos_token_id=None, renormalize_logits=False)
+
+
+class _SampledLogprobs:
+    """A logits processor that keeps only the sampled tokens' log-probs, never the [batch, tokens, vocab] logits.
+
+    Called once per generated token with the logits of the next position, it holds that position's log-softmax
+    ([batch, vocab]) until the next call, whose `input_ids` end with the token sampled from it; `finish` gathers
+    the last one. Memory is one step's log-softmax, whatever the number of new tokens."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None
+        self.columns: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._gather(input_ids[:, -1])
+        logits = scores.float()
+        if self.temperature > 0 and self.temperature != 1.0:
+            logits = logits / self.temperature
+        self.pending = torch.log_softmax(logits, dim=-1)
+        return scores
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        self.columns.append(self.pending.gather(1, tokens.unsqueeze(1)).squeeze(1).cpu())
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, new tokens] log-probs of the sampled tokens."""
+        if self.pending is not None:
+            self._gather(new_tokens[:, -1].to(self.pending.device))
+        if len(self.columns) != new_tokens.shape[1]:
+            raise RuntimeError(f"generate: {len(self.columns)} log-prob columns for {new_tokens.shape[1]} new tokens")
+        return torch.stack(self.columns, dim=1) if self.columns else torch.zeros(new_tokens.shape)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
              seed: int) -> list[Generation]:
     """Sample one response per prompt (left-padded batch); greedy when temperature is 0.
 
     The log-probs are those of the sampling distribution (logits / temperature), one per response token; the
-    response ends at the first EOS (kept) or at `max_new_tokens`.
+    response ends at the first EOS (kept) or at `max_new_tokens`. Only the sampled tokens' log-probs are kept
+    (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens.
     """
+    from transformers import LogitsProcessorList
+
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     eos = tokenizer.eos_token_id
@@ -147,25 +194,20 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
         attention[i, width - len(p):] = 1
     torch.manual_seed(seed)
     sample = temperature > 0
-    out = model.generate(
+    recorder = _SampledLogprobs(temperature if sample else 0.0)
+    sequences = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
         max_new_tokens=max_new_tokens,
         do_sample=sample,
         temperature=temperature if sample else None,
-        top_k=None,
-        top_p=None,
-        min_p=None,
         pad_token_id=pad,
         eos_token_id=eos,
-        return_dict_in_generate=True,
-        output_logits=True,
+        logits_processor=LogitsProcessorList([recorder]),
+        **NEUTRAL_SAMPLING,
     )
-    new = out.sequences[:, width:].cpu()
-    logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]
-    if sample:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    new = sequences[:, width:].cpu()
+    logp = recorder.finish(new)
     results = []
     for i in range(new.shape[0]):
         ids = new[i].tolist()

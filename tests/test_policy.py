@@ -47,6 +47,32 @@ def qwen_folder(tmp_path_factory, tokenizer):
     return d
 
 
+def test_sampling_ignores_the_folders_generation_config(qwen_folder, tmp_path):
+    """Qwen2.5-Instruct's generation_config.json sets repetition_penalty 1.05, top_k 20, top_p 0.8 and temperature
+    0.7. Sampling must ignore them: the log-probs it records are those the trainer recomputes, softmax(logits / T) at
+    the rollout temperature, and the tokens are the ones drawn without them."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from pipeline.policy import pad_batch, token_logprobs
+
+    d = tmp_path / "qwen-sampling"
+    shutil.copytree(qwen_folder, d)
+    GenerationConfig(do_sample=True, repetition_penalty=1.05, top_k=20, top_p=0.8, temperature=0.7,
+                     no_repeat_ngram_size=1).save_pretrained(d)
+    plain, tok = load_policy(qwen_folder)
+    model, _ = load_policy(d)
+    assert model.generation_config.repetition_penalty == 1.05
+    prompts = [encode_prompt(tok, "go"), encode_prompt(tok, "push the box to the target")]
+    gens = generate(model, tok, prompts, 12, 1.3, seed=5)
+    assert [g.response_ids for g in gens] == [g.response_ids for g in generate(plain, tok, prompts, 12, 1.3, seed=5)]
+    ids, _, resp = pad_batch(prompts, [g.response_ids for g in gens], tok.pad_token_id)
+    logp, _ = token_logprobs(model, ids, resp, temperature=1.3)
+    for i, g in enumerate(gens):
+        assert torch.allclose(logp[i][resp[i]], torch.tensor(g.logprobs), atol=1e-5)
+
+
 def test_local_folder_with_chat_template(qwen_folder):
     model, tok = load_policy(qwen_folder)
     assert model.config.model_type == "qwen2"
