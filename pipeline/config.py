@@ -164,6 +164,9 @@ class RuntimeConfig(Section):
                         description="where the models run: auto (cuda when torch sees a GPU, else cpu), cpu, cuda "
                         "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "
                         "use the same device")
+    keep_optimizer: Literal["last", "all"] = Field(
+        "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, only "
+        "the newest, which the next update resumes from; all, every one, so that any iteration can be rerun alone")
 
 
 class FaultsConfig(Section):

@@ -12,7 +12,8 @@ import math
 
 import polars as pl
 
-from pipeline.methods.reward_model import fit_iteration, load_state, save_state
+from pipeline import optstate
+from pipeline.methods.reward_model import OPTIMIZER, fit_iteration, load_state, save_state
 from pipeline.registry import CHECKPOINT, ITER_DIR, PREV_CHECKPOINT, REWARD_MODEL, STEP_REWARDS, STEPS
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import STEP_REWARDS as STEP_REWARDS_SCHEMA
@@ -36,6 +37,7 @@ def main(argv=None) -> None:
         save_state(model, state, ctx.path(REWARD_MODEL), ctx.path(ITER_DIR))
         rewards = steps.select("episode_id", "step").with_columns(pl.Series("score", scores, dtype=pl.Float64))
         write_table(rewards, ctx.path(STEP_REWARDS), STEP_REWARDS_SCHEMA)
+        optstate.prune(ctx.path(ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
         tracker.log_metrics({f"fit/{k}": v for k, v in stats.items() if math.isfinite(v)}, step=it, parent=True)
         s = rewards["score"]
         ctx.log(f"wrote {ctx.path(REWARD_MODEL)} and {ctx.path(STEP_REWARDS)}: {len(s)} turns, score mean "

@@ -2,8 +2,9 @@
 
 `log π_old` is recomputed from the rollout checkpoint at the sampling temperature (credit-assignment.md, Policy
 update); its mismatch with the rollout engine's log-probs is reported. The policy trains with fp32 master weights
-whose forward passes run in `policy.dtype` (`pipeline.precision`), and the checkpoint keeps the fp32 weights. The optimiser state travels with the checkpoint. A non-finite loss or
-advantage stops the stage before anything is written.
+whose forward passes run in `policy.dtype` (`pipeline.precision`), and the checkpoint keeps the fp32 weights.
+AdamW resumes from the state of i-1 (`pipeline.optstate`: beside the checkpoint; `runtime.keep_optimizer`). A
+non-finite loss or advantage stops the stage before anything is written.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import math
 import polars as pl
 import torch
 
+from pipeline import optstate
 from pipeline.policy import load_policy
 from pipeline.ppo import ppo_update, sequence_logprobs
-from pipeline.registry import ADVANTAGES, CHECKPOINT, PREV_CHECKPOINT, STEPS
+from pipeline.registry import ADVANTAGES, CHECKPOINT, ITER_DIR, PREV_CHECKPOINT, STEPS
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import ADVANTAGES as ADV_SCHEMA
 from pipeline.tables import STEPS as STEPS_SCHEMA
 from pipeline.tables import atomic_dir, check_same_turns, read_table
 from pipeline.tracking import Tracker
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER = "policy"   # results/iter_i/optimizer/policy.pt
 
 
 def main(argv=None) -> None:
@@ -55,11 +57,7 @@ def main(argv=None) -> None:
                                     temperature)
             del ref_model
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.update.lr, weight_decay=p.update.weight_decay)
-        if (prev / OPTIMIZER_FILE).is_file():
-            optimizer.load_state_dict(torch.load(prev / OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
-            for group in optimizer.param_groups:
-                group["lr"] = p.update.lr
-                group["weight_decay"] = p.update.weight_decay
+        optstate.restore(optimizer, ctx.path(ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
         stats = ppo_update(model, optimizer, prompts, responses, advantages, old, p.update,
                            tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log,
                            temperature=temperature)
@@ -67,10 +65,11 @@ def main(argv=None) -> None:
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
         out = ctx.path(CHECKPOINT)
+        optstate.save(optimizer, ctx.path(ITER_DIR), OPTIMIZER)
         with atomic_dir(out) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        optstate.prune(ctx.path(ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
         tracker.log_metrics({f"update/{k}": v for k, v in stats.items()}, step=it, parent=True)
         ctx.log(f"wrote {out}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
 

@@ -109,7 +109,8 @@ def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
     assert r1.height > 0 and (r1["score"] == 0.0).all()
     r2 = tables.read_table(d / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
     assert (r2["score"] != 0.0).any()  # the policy has moved since: log pi_phi - log pi_old is no longer 0
-    assert (d / "results/iter_2/reward_model/optimizer.pt").is_file()
+    assert sorted(p.relative_to(d).as_posix() for p in d.glob("results/**/*.pt")) == \
+        ["results/iter_2/optimizer/policy.pt", "results/iter_2/optimizer/reward_model.pt"]
     # the drift report: the PRM has not moved from the initial policy (the tiny run has no success/failure pairs
     # to train it on) while the policy has, so r_phi is exactly beta (log pi_init - log pi_old)
     metrics = [json.loads(x) for x in (d / "results/metrics/fit_2.jsonl").read_text().splitlines()]

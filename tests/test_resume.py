@@ -3,7 +3,7 @@
 - Determinism: the same stage run twice on the same inputs (and thread count) writes byte-identical tables and
   weights.
 - Kill and resume: a fresh OPRL run is SIGKILLed (Snakemake and its job together) in the middle of rollout@1,
-  fit@1 and update@1; each kill leaves nothing under the stage's final output names, and after `snakemake
+  fit@1, update@1, fit@2 and update@2 (which resume AdamW from iteration 1's optimiser state); each kill leaves nothing under the stage's final output names, and after `snakemake
   --unlock` the plain command finishes the run. Every table and checkpoint then equals, byte for byte, those of
   the uninterrupted OPRL run of the shared `method_runs` fixture (same params and seed).
 - A NaN reward or advantage stops the advantages or update stage naming the iteration and the task group, and
@@ -128,6 +128,8 @@ def test_killed_anywhere_the_run_resumes_to_identical_tables(method_runs, tmp_pa
         ("rollout_1.log", "[rollout[1]", ["iter_1/steps.parquet"]),
         ("fit_1.log", "[fit[1]", ["iter_1/reward_model", "iter_1/step_rewards.parquet"]),
         ("update_1.log", "recomputing log pi_old", ["iter_1/checkpoint"]),
+        ("fit_2.log", "[fit[2]", ["iter_2/reward_model", "iter_2/step_rewards.parquet"]),
+        ("update_2.log", "recomputing log pi_old", ["iter_2/checkpoint"]),
     ]
     for log, marker, outs in kills:
         proc = subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.DEVNULL,
@@ -146,6 +148,8 @@ def test_killed_anywhere_the_run_resumes_to_identical_tables(method_runs, tmp_pa
     assert sorted(got) == sorted(want)
     different = [k for k in want if got[k] != want[k]]
     assert not different, f"resumed run differs from the uninterrupted one in {different}"
+    assert sorted(p.relative_to(results).as_posix() for p in results.glob("**/*.pt")) == \
+        ["iter_2/optimizer/policy.pt", "iter_2/optimizer/reward_model.pt"]
 
 
 def test_stages_finish_without_mlflow_and_sync_later(grpo_run, tmp_path):

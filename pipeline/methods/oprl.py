@@ -29,7 +29,7 @@ import polars as pl
 from pydantic import Field
 
 from pipeline.methods.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.methods.reward_model import OPTIMIZER_FILE, Log, StepRewardModel, adamw
+from pipeline.methods.reward_model import Log, StepRewardModel, adamw
 from pipeline.schema import Mode, Section
 
 
@@ -198,14 +198,11 @@ class ImplicitPRM(StepRewardModel):
         from pipeline.policy import load_policy
 
         prm, tok = load_policy(model_dir, params.policy.dtype, params.runtime.device, train=True)
-        return PrmState(prm, tok, adamw(prm.parameters(), params.credit.oprl.lr, model_dir / OPTIMIZER_FILE))
+        return PrmState(prm, tok, adamw(prm.parameters(), params.credit.oprl.lr))
 
     def save(self, state: PrmState, model_dir: Path) -> dict[str, pl.DataFrame]:
-        import torch
-
         state.prm.save_pretrained(model_dir)
         state.tokenizer.save_pretrained(model_dir)
-        torch.save(state.optimizer.state_dict(), model_dir / OPTIMIZER_FILE)
         return {}
 
     def prepare(self, state: PrmState, steps, rollout_policy, initial_policy, iteration, params) -> PrmBatch:

@@ -1,7 +1,7 @@
 """The interface of a learned step-reward model (credit-assignment.md, OPRL; SPA), and one fit iteration of it.
 
-The state after iteration i lives in `iter_i/reward_model/` (a model folder, optimiser state included) plus the
-model's `extra_tables` beside it (SPA's replay). `reward_init` writes iteration 0's from the initial policy; each
+The state after iteration i lives in `iter_i/reward_model/` (a model folder) plus the model's `extra_tables` beside
+it (SPA's replay); its optimiser (the state's `optimizer`) in `iter_i/optimizer/reward_model.pt` (`pipeline.optstate`). `reward_init` writes iteration 0's from the initial policy; each
 iteration the fit stage loads the state of i-1, prepares this iteration's turns, fits and scores them (in the
 order the method says), and saves the state of i. The credit-quality benchmark runs the same calls in memory.
 """
@@ -18,7 +18,7 @@ import polars as pl
 
 from pipeline.tables import Table
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER = "reward_model"   # results/iter_i/optimizer/reward_model.pt
 Log = Callable[[str], None] | None
 
 
@@ -78,22 +78,20 @@ def fit_iteration(model: StepRewardModel, state, steps: pl.DataFrame, rollout_po
     return scores, stats
 
 
-def adamw(parameters, lr: float, state_file: Path | None = None):
-    """AdamW on `parameters`, resumed from `state_file` when it exists (its learning rate set to `lr`)."""
+def adamw(parameters, lr: float):
+    """A fresh AdamW on `parameters`; `load_state` restores its saved state."""
     import torch
 
-    opt = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
-    if state_file is not None and state_file.is_file():
-        opt.load_state_dict(torch.load(state_file, weights_only=True, map_location="cpu"))
-        for g in opt.param_groups:
-            g["lr"] = lr
-    return opt
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
 
 
 def save_state(model: StepRewardModel, state, model_dir: Path, iter_dir: Path) -> None:
-    """Write `state` as `model_dir` (atomically, whole) and its extra tables into `iter_dir`."""
+    """Write `state` as `model_dir` (atomically, whole), its optimiser's state and its extra tables into
+    `iter_dir`. The caller prunes older optimiser states (`optstate.prune`) once all its outputs are written."""
+    from pipeline import optstate
     from pipeline.tables import atomic_dir, write_table
 
+    optstate.save(state.optimizer, iter_dir, OPTIMIZER)
     with atomic_dir(model_dir) as tmp:
         tables = model.save(state, tmp)
     for name, df in tables.items():
@@ -106,5 +104,9 @@ def load_state(model: StepRewardModel, model_dir: Path, iter_dir: Path, params):
 
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: step-reward model missing; run the reward_init or fit stage")
+    from pipeline import optstate
+
     tables = {name: read_table(iter_dir / name, schema) for name, schema in model.extra_tables.items()}
-    return model.load(model_dir, tables, params)
+    state = model.load(model_dir, tables, params)
+    optstate.restore(state.optimizer, iter_dir, OPTIMIZER, required=True)
+    return state

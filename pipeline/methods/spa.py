@@ -24,7 +24,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.methods.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.methods.reward_model import OPTIMIZER_FILE, Log, StepRewardModel, adamw
+from pipeline.methods.reward_model import Log, StepRewardModel, adamw
 from pipeline.schema import Mode, Section
 from pipeline.tables import Table
 
@@ -243,15 +243,12 @@ class ProgressModel(StepRewardModel):
 
         est = ProgressEstimator.load(model_dir, params.policy.dtype, params.runtime.device)
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        opt = adamw(est.parameters(), params.credit.spa.lr, model_dir / OPTIMIZER_FILE)
+        opt = adamw(est.parameters(), params.credit.spa.lr)
         return SpaState(est, tok, opt, tables[REPLAY_FILE])
 
     def save(self, state: SpaState, model_dir: Path) -> dict[str, pl.DataFrame]:
-        import torch
-
         state.estimator.save(model_dir)
         state.tokenizer.save_pretrained(model_dir)
-        torch.save(state.optimizer.state_dict(), model_dir / OPTIMIZER_FILE)
         return {REPLAY_FILE: state.replay}
 
     def prepare(self, state: SpaState, steps, rollout_policy, initial_policy, iteration, params) -> SpaBatch:
