@@ -4,7 +4,7 @@
 import sys
 
 from pipeline.config import ParamsError, load_params
-from pipeline.registry import deps_for, enabled_stages, final_targets, params_fingerprint, strip_dir
+from pipeline.registry import deps_for, enabled_stages, final_targets, gpus_for, params_fingerprint, strip_dir
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -41,6 +41,7 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
             log: f"results/logs/{_st.name}_{{it}}.log"
             benchmark: f"results/benchmarks/{_st.name}_{{it}}.tsv"
             threads: _st.threads
+            resources: gpu=gpus_for(_st, P)
             wildcard_constraints: it=r"[1-9]\d*" if _st.first >= 1 else r"\d+"
             shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"
     else:
@@ -54,4 +55,5 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
             log: f"results/logs/{_st.name}.log"
             benchmark: f"results/benchmarks/{_st.name}.tsv"
             threads: _st.threads
+            resources: gpu=gpus_for(_st, P)
             shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"

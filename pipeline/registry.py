@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.config import Params
 from pipeline.methods import METHODS
@@ -69,6 +70,7 @@ class Stage:
     threads: int = 1
     code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
     enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
+    loads_model: bool = False  # holds a policy or step-reward model: asks for the `gpu` resource on a GPU device
 
     @property
     def per_iteration(self) -> bool:
@@ -102,27 +104,27 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(), outs=(INITIAL_CHECKPOINT,),
-          params=("seed", "env", "prompt", "policy", "warmstart"), threads=2),
+          params=("seed", "env", "prompt", "policy", "warmstart"), threads=2, loads_model=True),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
           outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
-          params=("seed", "credit.method"), enabled=needs_fit),
+          params=("seed", "credit.method"), enabled=needs_fit, loads_model=True),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout")),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout"), loads_model=True),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),
     # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
                           *_model_tables(PREV_ITER_DIR)),
           outs=(REWARD_MODEL, STEP_REWARDS, *_model_tables(ITER_DIR)),
-          params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit),
+          params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",)),
     # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update", "rollout.temperature"), threads=2),
+          params=("seed", "update", "rollout.temperature"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate")),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate"), loads_model=True),
     Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),
 )
 
@@ -170,6 +172,26 @@ def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
     for t in stage.deps_all:
         out.extend(strip_dir(fill(t, i)) for i in iterations(params))
     return list(dict.fromkeys(out))
+
+
+def uses_gpu(device: str) -> bool:
+    """Whether `runtime.device` puts the models on a GPU (`auto`: when torch sees one; torch is imported only
+    where an NVIDIA or AMD driver is present, so that planning the DAG stays fast on a CPU machine)."""
+    if device == "cpu":
+        return False
+    if device != "auto":
+        return True
+    if not (Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists()):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpus_for(stage: Stage, params: Params) -> int:
+    """The `gpu` resource the stage's job asks Snakemake for: 1 for a stage that loads a model on a GPU, else 0.
+    With `--resources gpu=N` (the default profile sets 1) at most N such jobs run at once."""
+    return int(stage.loads_model and uses_gpu(params.runtime.device))
 
 
 def final_targets(params: Params) -> list[str]:

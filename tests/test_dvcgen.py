@@ -65,3 +65,30 @@ def test_params_yaml_spells_out_every_key_a_dvc_stage_reads():
                 for part in key.split("."):
                     assert isinstance(node, dict) and part in node, f"params.yaml lacks {key} ({stage.name})"
                     node = node[part]
+
+
+def test_model_stages_ask_snakemake_for_the_gpu(tmp_path):
+    """With runtime.device a GPU, every job that loads a model asks for gpu=1 and the others for none; on the CPU
+    none does. The default profile caps the GPU jobs that run at once at one."""
+    import re
+    import subprocess
+
+    from tests.conftest import SNAKEMAKE, workflow_files
+
+    workflow_files(tmp_path)
+    params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
+    params["credit"] = {"method": "oprl"}       # reward_init and fit load a model too
+    asked = {}
+    for device in ("cuda", "cpu"):
+        params["runtime"] = {"device": device}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        r = subprocess.run([SNAKEMAKE, "-n", "--cores", "4"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        asked[device] = {(rule, gpu) for rule, gpu in re.findall(r"rule (\w+):.*?resources: [^\n]*?gpu=(\d)",
+                                                                  r.stdout, re.S)}
+    assert asked["cuda"] == {("init", "1"), ("reward_init", "1"), ("rollout", "1"), ("fit", "1"), ("update", "1"),
+                             ("evaluate", "1"), ("group", "0"), ("advantages", "0"), ("report", "0")}
+    assert {gpu for _, gpu in asked["cpu"]} == {"0"}
+    profile = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
+    assert profile["resources"] == ["gpu=1"]
