@@ -64,11 +64,25 @@ class TinyModelConfig(Section):
         return self
 
 
+class LoraSettings(Section):
+    """LoRA through peft: the update trains low-rank adapters on the frozen policy (credit-assignment.md's update
+    is unchanged); checkpoints are the adapter plus a pointer to the initial policy it adapts."""
+    r: int = Field(16, ge=1, le=1024, description="adapter rank")
+    alpha: float = Field(32.0, gt=0, description="scaling numerator: the adapter's output is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (0 keeps the PPO ratio "
+                           "exact: log pi_old and log pi are then taken by the same deterministic network)")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names that get adapters, or all-linear (every linear layer but the LM "
+        "head, as verl's and TRL's defaults)")
+
+
 class PolicyConfig(Section):
     path: str | None = Field(None, description="local Hugging Face model folder; null builds the tiny default")
     tiny: TinyModelConfig = TinyModelConfig()
     max_new_tokens: int = Field(12, ge=1, le=4096, description="response length cap in tokens")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of the whole policy (null: "
+                                      "full fine-tuning)")
 
     @model_validator(mode="after")
     def _path_exists(self):

@@ -78,16 +78,53 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     return device
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether `path` is a LoRA checkpoint (a peft adapter folder) rather than a whole model folder."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | Path) -> Path:
+    """The model folder a LoRA checkpoint adapts: its `base_model_name_or_path`, relative to the adapter folder
+    (as `save_policy` writes it) or absolute."""
+    import json
+
+    path = Path(path)
+    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path / ADAPTER_CONFIG}: no base_model_name_or_path; cannot tell which model it adapts")
+    base = Path(base) if Path(base).is_absolute() else path / base
+    if not (base / "config.json").is_file():
+        raise FileNotFoundError(f"{path / ADAPTER_CONFIG}: its base model {base} is not a Hugging Face model folder")
+    return base.resolve()
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
                 train: bool = False):
     """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
     keeps the CPU); a clear error when it is not a model folder.
 
     `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.precision`); otherwise the
-    weights themselves are cast to `dtype` (sampling)."""
+    weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
+    trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
+    if is_adapter(path):
+        from peft import PeftModel
+
+        model, _ = load_policy(adapter_base(path), dtype, None, train)
+        model = PeftModel.from_pretrained(model, path, is_trainable=train)
+        if not train:
+            model = model.merge_and_unload()
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if device is not None:
+            model.to(resolve_device(device))
+        return model, tokenizer
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a Hugging Face model folder (config.json missing)")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -101,6 +138,36 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     if device is not None:
         model.to(resolve_device(device))
     return model, tokenizer
+
+
+def with_lora(model, cfg, seed: int):
+    """`model` wrapped with fresh LoRA adapters (`policy.lora`; B = 0, so it computes what `model` did): only the
+    adapter weights train. A model that already carries adapters is returned as it is."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        return model
+    torch.manual_seed(seed)
+    return get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                            target_modules=cfg.target_modules, task_type="CAUSAL_LM"))
+
+
+def save_policy(model, tokenizer, folder: Path, final: Path, base: Path | None = None) -> None:
+    """Write the policy into `folder` (the temporary folder that becomes `final`). A LoRA model writes only its
+    adapter, with `base_model_name_or_path` pointing at `base` relative to `final`, so a run folder can move."""
+    import json
+    import os
+
+    from peft import PeftModel
+
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if isinstance(model, PeftModel):
+        if base is None:
+            raise ValueError("save_policy: a LoRA policy needs the base model folder it adapts")
+        cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
+        cfg["base_model_name_or_path"] = os.path.relpath(Path(base).resolve(), Path(final).resolve())
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def render_prompt(tokenizer, text: str) -> str:
@@ -251,7 +318,7 @@ def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None
     width = ids.shape[1] - 1
     cols = None
     with autocast(model):
-        if targets is not None and _accepts_logits_to_keep(type(model)):
+        if targets is not None and _accepts_logits_to_keep(_lm_class(model)):
             cols = targets.any(0).nonzero().squeeze(1).to(device)
             logits = model(input_ids=ids, logits_to_keep=cols).logits.float()
         else:
@@ -267,6 +334,12 @@ def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None
         if entropy is not None:
             entropy = entropy.new_zeros((ids.shape[0], width)).index_copy(1, cols, entropy)
     return logp, entropy
+
+
+def _lm_class(model) -> type:
+    """The causal LM's class, under a peft wrapper (whose forward passes extra keywords through)."""
+    get_base = getattr(model, "get_base_model", None)
+    return type(get_base() if callable(get_base) else model)
 
 
 @functools.cache

@@ -104,7 +104,8 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(), outs=(INITIAL_CHECKPOINT,),
-          params=("seed", "env", "prompt", "policy", "warmstart"), threads=2, loads_model=True),
+          params=("seed", "env", "prompt", "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
+                  "warmstart"), threads=2, loads_model=True),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
@@ -122,7 +123,7 @@ STAGES: tuple[Stage, ...] = (
           params=("credit",)),
     # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update", "rollout.temperature"), threads=2, loads_model=True),
+          params=("seed", "update", "rollout.temperature", "policy.lora"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate"), loads_model=True),
     Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),

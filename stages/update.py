@@ -15,7 +15,7 @@ import polars as pl
 import torch
 
 from pipeline import optstate
-from pipeline.policy import load_policy
+from pipeline.policy import load_policy, save_policy, with_lora
 from pipeline.ppo import ppo_update, sequence_logprobs
 from pipeline.registry import ADVANTAGES, CHECKPOINT, ITER_DIR, PREV_CHECKPOINT, STEPS
 from pipeline.stagekit import parse_args, stage_errors
@@ -39,6 +39,8 @@ def main(argv=None) -> None:
         table = table.filter(pl.col("response_ids").list.len() > 0)
         prev = ctx.path(PREV_CHECKPOINT)
         model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device, train=True)
+        if p.policy.lora is not None:   # iteration 1 wraps the initial policy; later ones load their adapter
+            model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
         temperature = p.rollout.temperature
         prompts = table["prompt_ids"].to_list()
         responses = table["response_ids"].to_list()
@@ -56,7 +58,8 @@ def main(argv=None) -> None:
             ref = sequence_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size,
                                     temperature)
             del ref_model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=p.update.lr, weight_decay=p.update.weight_decay)
+        trainable = [q for q in model.parameters() if q.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=p.update.lr, weight_decay=p.update.weight_decay)
         optstate.restore(optimizer, ctx.path(ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
         stats = ppo_update(model, optimizer, prompts, responses, advantages, old, p.update,
                            tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log,
@@ -67,8 +70,7 @@ def main(argv=None) -> None:
         out = ctx.path(CHECKPOINT)
         optstate.save(optimizer, ctx.path(ITER_DIR), OPTIMIZER)
         with atomic_dir(out) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            save_policy(model, tokenizer, tmp, out, base=ctx.path(CHECKPOINT, 0))
         optstate.prune(ctx.path(ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
         tracker.log_metrics({f"update/{k}": v for k, v in stats.items()}, step=it, parent=True)
         ctx.log(f"wrote {out}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))
