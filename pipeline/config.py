@@ -107,12 +107,22 @@ class WarmstartConfig(Section):
     lr: float = Field(2e-3, gt=0.0)
 
 
+class VllmSettings(Section):
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="share of the device's memory vLLM takes for weights and KV cache (on "
+        "the CPU: of the machine's memory); null: 0.85 on a GPU, 0.2 on the CPU")
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + response; null: the model's")
+
+
 class RolloutConfig(Section):
     tasks_per_iteration: int = Field(32, ge=1, lt=GROUPS_PER_ITERATION, description="task groups per iteration")
     group_size: int = Field(8, ge=1, le=1000, description="episodes per task (G); episode ids are "
                             "task_group * 1000 + k")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
     batch_size: int = Field(256, ge=1, description="episodes generated together")
+    engine: Literal["hf", "vllm"] = Field("hf", description="what samples in rollout and evaluate: hf (Hugging Face "
+                                          "generate) or vllm (vLLM's offline engine; scripts/install-vllm)")
+    vllm: VllmSettings = VllmSettings()
 
 
 METHODS: tuple[str, ...] = tuple(METHOD_REGISTRY)       # the registered credit methods, in listing order

@@ -125,7 +125,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "policy.lora"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "evaluate"), loads_model=True),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm", "evaluate"),
+          loads_model=True),
     Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),
 )
 

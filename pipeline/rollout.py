@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.envs.base import Env, Observation, StepResult
-from pipeline.policy import encode_prompt, generate
+from pipeline.policy import encode_prompt
 from pipeline.prompting import build_prompt
 
 
@@ -38,7 +38,11 @@ def _mix(*parts: int) -> int:
 def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[EpisodeSpec], *, history_turns: int,
                   max_new_tokens: int, temperature: float, batch_size: int, seed: int,
                   progress: Callable[[str], None] | None = None) -> pl.DataFrame:
-    """Run every episode of `specs` to its end; returns the step rows (schema `tables.STEPS` less `iteration`)."""
+    """Run every episode of `specs` to its end; returns the step rows (schema `tables.STEPS` less `iteration`).
+    `model` is a Hugging Face model or a sampler of `pipeline.engines`."""
+    from pipeline.engines import HFSampler, VLLMSampler
+
+    sample = model if isinstance(model, (HFSampler, VLLMSampler)) else HFSampler(model, tokenizer)
     envs = [make_env() for _ in specs]
     obs: list[Observation] = [env.reset(spec.task_id) for env, spec in zip(envs, specs)]
     history: list[list[tuple[str, str | None]]] = [[] for _ in specs]
@@ -46,15 +50,13 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     live = list(range(len(specs)))
     turn = 0
     started = time.perf_counter()
-    model.eval()
     while live:
         prompts = [build_prompt(envs[i].task_description(), history[i], obs[i].text, obs[i].admissible,
                                 history_turns) for i in live]
         prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
         gens = []
         for b in range(0, len(live), batch_size):
-            gens.extend(generate(model, tokenizer, prompt_ids[b: b + batch_size], max_new_tokens, temperature,
-                                 seed=_mix(seed, turn, b)))
+            gens.extend(sample(prompt_ids[b: b + batch_size], max_new_tokens, temperature, seed=_mix(seed, turn, b)))
         still = []
         for k, i in enumerate(live):
             g = gens[k]

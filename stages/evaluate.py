@@ -12,7 +12,7 @@ import math
 import polars as pl
 
 from pipeline.envs.base import has, make_env
-from pipeline.policy import load_policy
+from pipeline.engines import open_sampler
 from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS
 from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
@@ -44,12 +44,14 @@ def main(argv=None) -> None:
     ctx = parse_args("evaluate", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
-        model, tokenizer = load_policy(ctx.path(CHECKPOINT), p.policy.dtype, p.runtime.device)
+        seed = p.seed * 1_000_003 + 500_000 + it
+        model, tokenizer = open_sampler(p, ctx.path(CHECKPOINT), engine_seed=seed)
+        ctx.log(f"sampling with {model.name}")
         specs = eval_specs(p)
         ctx.log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
                 f"{p.evaluate.temperature}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.evaluate.temperature,
-                                 seed=p.seed * 1_000_003 + 500_000 + it, progress=ctx.log)
+                                 seed=seed, progress=ctx.log)
         faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
         episodes = steps.group_by("episode_id").agg(
             pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.config import GROUPS_PER_ITERATION
-from pipeline.policy import load_policy
+from pipeline.engines import open_sampler
 from pipeline.registry import PREV_CHECKPOINT, STEPS
 from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.stagekit import parse_args, stage_errors
@@ -36,11 +36,13 @@ def main(argv=None) -> None:
     ctx = parse_args("rollout", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "rollout", it) as tracker:
-        model, tokenizer = load_policy(ctx.path(PREV_CHECKPOINT), p.policy.dtype, p.runtime.device)
+        seed = p.seed * 1_000_003 + it
+        model, tokenizer = open_sampler(p, ctx.path(PREV_CHECKPOINT), engine_seed=seed)
+        ctx.log(f"sampling with {model.name}")
         specs = training_specs(p, it)
         ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
         steps = play_with_params(p, model, tokenizer, specs, temperature=p.rollout.temperature,
-                                 seed=p.seed * 1_000_003 + it, progress=ctx.log)
+                                 seed=seed, progress=ctx.log)
         faults = check_env_errors(steps, p.faults.max_env_error_share, f"rollout, iteration {it}")
         steps = steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration"))
         write_table(steps, ctx.path(STEPS), STEPS_SCHEMA)

@@ -50,8 +50,9 @@ def main(argv=None) -> None:
                                 temperature)
         engine = torch.cat([torch.tensor(x, dtype=torch.float32) for x in table["response_logprobs"].to_list()])
         recomputed = torch.cat(old)
-        mismatch = {"logprob_mismatch_abs_mean": float((engine - recomputed).abs().mean()),
-                    "logprob_mismatch_abs_max": float((engine - recomputed).abs().max())}
+        gap = (engine - recomputed).abs()   # the rollout engine's log-probs against the trainer's (as verl logs)
+        mismatch = {"logprob_mismatch_abs_mean": float(gap.mean()), "logprob_mismatch_abs_max": float(gap.max()),
+                    "logprob_mismatch_share_over_0.1": float((gap > 0.1).float().mean())}
         ref = None
         if p.update.kl_coef > 0:
             ref_model, _ = load_policy(ctx.path(CHECKPOINT, 0), p.policy.dtype, p.runtime.device, train=True)

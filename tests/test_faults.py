@@ -9,6 +9,7 @@ import re
 import polars as pl
 import pytest
 
+import pipeline.engines as engines
 import pipeline.rollout as rollout
 from pipeline.config import CreditConfig
 from pipeline.envs.sokoban import SokobanEnv
@@ -60,7 +61,7 @@ def play(monkeypatch, script: list[list[str | bytes]], raise_at=(), max_turns: i
         return out
 
     monkeypatch.setattr(rollout, "encode_prompt", encode)
-    monkeypatch.setattr(rollout, "generate", generate)
+    monkeypatch.setattr(engines, "generate", generate)
     made = iter(range(len(script)))
     specs = [EpisodeSpec(task_id=100 + k, task_group=0, episode_id=k) for k in range(len(script))]
     class NoModel:

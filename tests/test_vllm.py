@@ -1,0 +1,80 @@
+"""rollout.engine: vllm on this CPU (scripts/install-vllm): the rollout stage samples with vLLM's offline engine, and
+the step table's log-probs are those the trainer recomputes at the sampling temperature.
+
+The tiny policy here has head_dim 32 (hidden 64, 2 heads): vLLM's CPU attention refuses 16, the tiny test
+configuration's, which the sampler reports as a params error."""
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from pipeline import tables
+from pipeline.policy import load_policy, pad_batch, token_logprobs
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+vllm = pytest.importorskip("vllm", reason="scripts/install-vllm installs vLLM (CI does)")
+
+
+def stage(d, name, it=None, timeout=900):
+    cmd = [sys.executable, "-m", f"stages.{name}", "--params", "params.yaml"]
+    if it is not None:
+        cmd += ["--iteration", str(it)]
+    r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vllm")
+    params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
+    params["policy"]["tiny"].update(hidden_size=64, intermediate_size=128, num_attention_heads=2)
+    params["policy"]["max_new_tokens"] = 8
+    params["rollout"].update(engine="vllm", temperature=0.8, tasks_per_iteration=4, group_size=4)
+    params["tracking"] = {"enabled": False}
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    stage(d, "init")
+    r = stage(d, "rollout", 1)
+    assert "sampling with vllm" in r.stdout + r.stderr
+    return d
+
+
+def test_vllm_rollout_logprobs_match_the_trainers(vllm_run):
+    d = vllm_run
+    steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    steps = steps.filter(pl.col("response_ids").list.len() > 0)
+    assert steps.height >= 16
+    model, tok = load_policy(d / "results/iter_0/checkpoint")
+    prompts, responses = steps["prompt_ids"].to_list(), steps["response_ids"].to_list()
+    ids, _, resp = pad_batch(prompts, responses, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, resp, temperature=0.8)
+    engine = torch.cat([torch.tensor(x) for x in steps["response_logprobs"].to_list()])
+    gap = (logp[resp] - engine).abs()
+    assert float(gap.max()) < 1e-3, f"vLLM and the trainer differ by up to {float(gap.max()):.2e} nats"
+    # a sampled response ends at EOS or at max_new_tokens, as HF's do
+    eos = tok.eos_token_id
+    assert all(r[-1] == eos or len(r) == 8 for r in responses)
+
+
+def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
+    from pipeline.config import load_params
+    from pipeline.engines import open_sampler
+
+    folder = tmp_path / "hd16"
+    model, tok = load_policy(vllm_run / "results/iter_0/checkpoint")
+    cfg = json.loads((vllm_run / "results/iter_0/checkpoint/config.json").read_text())
+    model.config.num_attention_heads = model.config.num_key_value_heads = 4
+    model.config.head_dim = 16
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    p = load_params(vllm_run / "params.yaml")
+    with pytest.raises(ValueError, match=r"head_dim 16 is not one vLLM's CPU attention supports.*rollout.engine: hf"):
+        open_sampler(p, folder, engine_seed=0)
+    assert cfg["head_dim"] == 32
