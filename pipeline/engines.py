@@ -82,7 +82,7 @@ class VLLMSampler:
 
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=[eos], top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                                 stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                                  seed=_mix(seed, k) if self.per_request_seed else None)
                   for k in range(len(prompt_ids))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)

@@ -137,3 +137,16 @@ def test_similarity_smoke(grpo_run, tmp_path):
     exact, sim = rows["exact anchors"], rows["similarity >= 0.95"]
     assert sim["step_groups"] <= exact["step_groups"]                  # clustering can only merge groups
     assert sim["seconds_per_1e4_turns"] > 0 and (tmp_path / "similarity.csv").is_file()
+
+
+def test_rollout_engines_smoke(tmp_path):
+    """The rollout benchmark on the tiny shape with HF: Sokoban episodes of a random policy run to max_turns (no
+    action ever solves a room in 2 turns of babble), so the rollout plays exactly episodes x turns turns, and raw
+    generation replays the same batches."""
+    from bench import rollout_engines
+
+    rollout_engines.main(["--models", "tiny", "--engines", "hf", "--episodes", "6", "--turns", "2",
+                          "--new-tokens", "4", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path)])
+    df = pl.read_csv(tmp_path / "rollout_engines.csv")
+    assert df.height == 1 and df["turns"][0] == 12 and df["engine"][0] == "hf"
+    assert df["rollout_share_of_raw"][0] > 0
