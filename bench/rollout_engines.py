@@ -6,7 +6,8 @@
 For each model and engine, one Sokoban rollout (`pipeline.rollout.play_episodes`: prompts, environment steps,
 parsing) runs `--episodes` episodes for `--turns` turns, and on the same prompts the engine generates the same
 number of batches directly ("raw": batched generation alone). Reported: turns/s and generated tokens/s of both,
-and the rollout's share of raw generation's tokens/s (target: at least 80 %). Random weights rarely sample EOS, so
+and the rollout's share of raw generation's tokens/s (target: at least 80 %). The rollout's extra work is the
+environments' resets and steps, prompt building and tokenisation. Random weights rarely sample EOS, so
 responses mostly run the full `--new-tokens`.
 
 Models, both with random weights and nothing downloaded:
@@ -85,6 +86,7 @@ def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, ne
     rollout_tokens = int(steps["response_ids"].list.len().sum())
     # raw: the same prompts, batch for batch, through the engine alone
     batches = [steps.filter(pl.col("step") == t)["prompt_ids"].to_list() for t in range(steps["step"].max() + 1)]
+    sampler.reset_cache()    # vLLM: the replayed prompts must not hit the prefix cache the rollout filled
     t0 = time.perf_counter()
     raw_tokens = sum(len(g.response_ids) for b, ids in enumerate(batches) for g in sampler(ids, new_tokens, 1.0, b))
     raw_s = time.perf_counter() - t0

@@ -32,6 +32,9 @@ class HFSampler:
                  seed: int) -> list[Generation]:
         return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed)
 
+    def reset_cache(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -93,6 +96,10 @@ class VLLMSampler:
             logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
             results.append(Generation(ids, logps, self.tokenizer.decode(ids, skip_special_tokens=True)))
         return results
+
+    def reset_cache(self) -> None:
+        """Forget cached prompt prefixes (a benchmark replaying the same prompts must not hit them)."""
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         if self._tmp is not None:
