@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.policy import Generation, generate, is_adapter, load_policy, resolve_device
+from pipeline.policy import Generation, adapter_base, generate, is_adapter, load_policy, resolve_device
 
 # head sizes vLLM's CPU attention kernels accept (vLLM 0.32: csrc/cpu/attention)
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
@@ -57,18 +57,19 @@ class VLLMSampler:
         self.tokenizer = tokenizer
         self._tmp = None
         folder = Path(checkpoint)
+        device = resolve_device(params.runtime.device)
+        config = adapter_base(folder) / "config.json" if is_adapter(folder) else folder / "config.json"
+        head_dim = _head_dim(json.loads(config.read_text()))
+        if device.type == "cpu" and head_dim not in VLLM_CPU_HEAD_DIMS:
+            raise ValueError(f"{checkpoint}: head_dim {head_dim} is not one vLLM's CPU attention supports "
+                             f"{VLLM_CPU_HEAD_DIMS}; for the tiny policy set policy.tiny.hidden_size / "
+                             "num_attention_heads to one of them, or use rollout.engine: hf")
         if is_adapter(folder):     # vLLM gets a merged copy: base + adapter as one plain model folder
             self._tmp = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
             model, tok = load_policy(folder, params.policy.dtype)
             model.save_pretrained(self._tmp)
             tok.save_pretrained(self._tmp)
             folder = self._tmp
-        device = resolve_device(params.runtime.device)
-        head_dim = _head_dim(json.loads((folder / "config.json").read_text()))
-        if device.type == "cpu" and head_dim not in VLLM_CPU_HEAD_DIMS:
-            raise ValueError(f"{checkpoint}: head_dim {head_dim} is not one vLLM's CPU attention supports "
-                             f"{VLLM_CPU_HEAD_DIMS}; for the tiny policy set policy.tiny.hidden_size / "
-                             "num_attention_heads to one of them, or use rollout.engine: hf")
         self.per_request_seed = device.type == "cuda"
         cfg = params.rollout.vllm
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
@@ -85,8 +86,8 @@ class VLLMSampler:
 
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
-                                 seed=_mix(seed, k) if self.per_request_seed else None)
+                                 stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
+                                 repetition_penalty=1.0, seed=_mix(seed, k) if self.per_request_seed else None)
                   for k in range(len(prompt_ids))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
         results = []

@@ -3,8 +3,8 @@
 - Determinism: the same stage run twice on the same inputs (and thread count) writes byte-identical tables and
   weights.
 - Kill and resume: a fresh OPRL run is SIGKILLed (Snakemake and its job together) in the middle of rollout@1,
-  fit@1, update@1, fit@2 and update@2 (which resume AdamW from iteration 1's optimiser state); each kill leaves nothing under the stage's final output names, and after `snakemake
-  --unlock` the plain command finishes the run. Every table and checkpoint then equals, byte for byte, those of
+  fit@1, update@1, fit@2 and update@2 (which resume AdamW from iteration 1's optimiser state); each kill leaves
+  nothing under the stage's final output names, and after `snakemake --unlock` the plain command finishes the run. Every table and checkpoint then equals, byte for byte, those of
   the uninterrupted OPRL run of the shared `method_runs` fixture (same params and seed).
 - A NaN reward or advantage stops the advantages or update stage naming the iteration and the task group, and
   nothing is written.
