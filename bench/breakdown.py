@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.tables import write_text_atomic
+from pipeline.tables import atomic_file, write_text_atomic
 
 NAME = re.compile(r"^(?P<stage>[a-z_]+?)(?:_(?P<it>\d+))?\.tsv$")
 ITERATION_STAGES = ("rollout", "group", "fit", "advantages", "update", "evaluate")
@@ -154,9 +153,8 @@ def plot(df: pl.DataFrame, per_stage: pl.DataFrame, path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from pipeline.methods import METHODS as METHOD_REGISTRY
 from pipeline.methods import compute_advantages
 from pipeline.envs.base import make_env, require
 from pipeline.grouping import build_groups, hgpo_depth
-from pipeline.tables import ADVANTAGES, GROUPS, STEPS, read_table, write_text_atomic
+from pipeline.tables import ADVANTAGES, GROUPS, STEPS, atomic_file, read_table, write_text_atomic
 
 
 def oracle_labels(steps: pl.DataFrame, env_cfg) -> pl.Series:
@@ -217,9 +216,8 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> N
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Credit quality on identical rollouts ({subtitle})", fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

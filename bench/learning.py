@@ -35,7 +35,7 @@ import polars as pl
 import yaml
 
 from pipeline.config import METHODS, apply_overrides, load_params, with_overrides
-from pipeline.tables import write_text_atomic
+from pipeline.tables import atomic_file, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,9 +193,8 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

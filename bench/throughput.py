@@ -27,7 +27,7 @@ from pipeline.config import CreditConfig, METHODS
 from pipeline.methods import compute_advantages
 from pipeline.grouping import build_groups
 from pipeline.reference import gigpo_reference
-from pipeline.tables import STEPS, Table, check_rows, write_text_atomic
+from pipeline.tables import STEPS, Table, atomic_file, check_rows, write_text_atomic
 
 TARGET_SECONDS = 2.0
 # the content checks a read of the step table makes, on the columns the synthetic table has (the rest of a read is
@@ -158,9 +158,8 @@ def plot(df: pl.DataFrame, path: Path) -> None:
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

@@ -10,13 +10,12 @@ resumes from a state that is still there.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import torch
 
-from pipeline.tables import _tmp_name
+from pipeline.tables import atomic_file
 
 FOLDER = "optimizer"
 ITER = re.compile(r"iter_(\d+)$")
@@ -29,13 +28,8 @@ def state_file(iter_dir: str | Path, name: str) -> Path:
 def save(optimizer, iter_dir: str | Path, name: str) -> Path:
     """Write `optimizer`'s state for the iteration of `iter_dir`, atomically."""
     path = state_file(iter_dir, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
+    with atomic_file(path) as tmp:
         torch.save(optimizer.state_dict(), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -146,13 +146,8 @@ def write_table(df: pl.DataFrame, path: str | Path, table: Table | pa.Schema) ->
     if missing:
         raise TableError(f"{path}: cannot write, columns {missing} are missing from the frame")
     arrow = df.select(schema.names).to_arrow().cast(schema)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
+    with atomic_file(path) as tmp:
         pq.write_table(arrow, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def empty_table(table: Table | pa.Schema) -> pl.DataFrame:
@@ -307,12 +302,20 @@ def atomic_dir(path: str | Path):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
+@contextmanager
+def atomic_file(path: str | Path, suffix: str = ""):
+    """Yield a temporary file name beside `path` (ending in `suffix`, for writers that read the format from it);
+    on success it replaces `path`, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
+    tmp = _tmp_name(path).with_suffix(suffix) if suffix else _tmp_name(path)
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)

@@ -11,7 +11,7 @@ import polars as pl
 
 from pipeline.registry import EVAL_METRICS, REPORT, fill, iterations
 from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tables import _tmp_name, write_text_atomic
+from pipeline.tables import atomic_file, write_text_atomic
 from pipeline.tracking import Tracker
 
 
@@ -30,8 +30,6 @@ def load_curve(p) -> pl.DataFrame:
 
 
 def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,10 +47,9 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
     ax2.set_ylim(0, 1)
     ax.set_title(title)
     fig.tight_layout()
-    tmp = _tmp_name(path).with_suffix(".png")
-    fig.savefig(tmp)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> None:
