@@ -112,29 +112,24 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    if is_adapter(path):
-        from peft import PeftModel
-
-        model, _ = load_policy(adapter_base(path), dtype, None, train)
-        model = PeftModel.from_pretrained(model, path, is_trainable=train)
-        if not train:
-            model = model.merge_and_unload()
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if device is not None:
-            model.to(resolve_device(device))
-        return model, tokenizer
-    if not (path / "config.json").is_file():
+    adapter = is_adapter(path)
+    folder = adapter_base(path) if adapter else path   # the tokenizer is saved in both folders
+    if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a Hugging Face model folder (config.json missing)")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
                                                  dtype=torch.float32 if train else DTYPES[dtype])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if train:
         mark(model, dtype)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, path, is_trainable=train)
+        if not train:
+            model = model.merge_and_unload()
     if device is not None:
         model.to(resolve_device(device))
     return model, tokenizer
