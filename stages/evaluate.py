@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import closing
 
 import polars as pl
 
@@ -45,13 +46,14 @@ def main(argv=None) -> None:
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
         seed = p.seed * 1_000_003 + 500_000 + it
-        model, tokenizer = open_sampler(p, ctx.path(CHECKPOINT), engine_seed=seed)
-        ctx.log(f"sampling with {model.name}")
+        sampler, tokenizer = open_sampler(p, ctx.path(CHECKPOINT), engine_seed=seed)
+        ctx.log(f"sampling with {sampler.name}")
         specs = eval_specs(p)
         ctx.log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
                 f"{p.evaluate.temperature}")
-        steps = play_with_params(p, model, tokenizer, specs, temperature=p.evaluate.temperature,
-                                 seed=seed, progress=ctx.log)
+        with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
+            steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.evaluate.temperature,
+                                     seed=seed, progress=ctx.log)
         faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
         episodes = steps.group_by("episode_id").agg(
             pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),

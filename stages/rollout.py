@@ -7,6 +7,8 @@ return and success.
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import polars as pl
 
 from pipeline.config import GROUPS_PER_ITERATION
@@ -37,12 +39,13 @@ def main(argv=None) -> None:
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "rollout", it) as tracker:
         seed = p.seed * 1_000_003 + it
-        model, tokenizer = open_sampler(p, ctx.path(PREV_CHECKPOINT), engine_seed=seed)
-        ctx.log(f"sampling with {model.name}")
+        sampler, tokenizer = open_sampler(p, ctx.path(PREV_CHECKPOINT), engine_seed=seed)
+        ctx.log(f"sampling with {sampler.name}")
         specs = training_specs(p, it)
         ctx.log(f"{len(specs)} episodes: {p.rollout.tasks_per_iteration} tasks x {p.rollout.group_size}")
-        steps = play_with_params(p, model, tokenizer, specs, temperature=p.rollout.temperature,
-                                 seed=seed, progress=ctx.log)
+        with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
+            steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.rollout.temperature,
+                                     seed=seed, progress=ctx.log)
         faults = check_env_errors(steps, p.faults.max_env_error_share, f"rollout, iteration {it}")
         steps = steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration"))
         write_table(steps, ctx.path(STEPS), STEPS_SCHEMA)
