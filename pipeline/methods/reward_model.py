@@ -1,9 +1,10 @@
 """The interface of a learned step-reward model (credit-assignment.md, OPRL; SPA), and one fit iteration of it.
 
 The state after iteration i lives in `iter_i/reward_model/` (a model folder) plus the model's `extra_tables` beside
-it (SPA's replay); its optimiser (the state's `optimizer`) in `iter_i/optimizer/reward_model.pt` (`pipeline.optstate`). `reward_init` writes iteration 0's from the initial policy; each
-iteration the fit stage loads the state of i-1, prepares this iteration's turns, fits and scores them (in the
-order the method says), and saves the state of i. The credit-quality benchmark runs the same calls in memory.
+it (SPA's replay); its optimiser (the state's `optimizer`) in `iter_i/optimizer/reward_model.pt`
+(`pipeline.optstate`). `reward_init` writes iteration 0's from the initial policy; each iteration the fit stage
+loads the state of i-1, prepares this iteration's turns, fits and scores them (in the order the method says), and
+saves the state of i. The credit-quality benchmark runs the same calls in memory.
 """
 
 from __future__ import annotations
