@@ -15,7 +15,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError, create_model, m
 from pipeline.envs.base import registered as registered_envs
 from pipeline.methods import METHODS as METHOD_REGISTRY
 from pipeline.methods import EpisodeConfig, Method
-from pipeline.schema import Section
+from pipeline.schema import LoraSettings, Section
 
 from pipeline.tasks import MAX_INDEX, MAX_ITERATION
 
@@ -62,18 +62,6 @@ class TinyModelConfig(Section):
                 f"({self.num_attention_heads})"
             )
         return self
-
-
-class LoraSettings(Section):
-    """LoRA through peft: the update trains low-rank adapters on the frozen policy (credit-assignment.md's update
-    is unchanged); checkpoints are the adapter plus a pointer to the initial policy it adapts."""
-    r: int = Field(16, ge=1, le=1024, description="adapter rank")
-    alpha: float = Field(32.0, gt=0, description="scaling numerator: the adapter's output is scaled by alpha / r")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (0 keeps the PPO ratio "
-                           "exact: log pi_old and log pi are then taken by the same deterministic network)")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="module names that get adapters, or all-linear (every linear layer but the LM "
-        "head, as verl's and TRL's defaults)")
 
 
 class PolicyConfig(Section):

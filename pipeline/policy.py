@@ -101,27 +101,19 @@ def adapter_base(path: str | Path) -> Path:
     return base.resolve()
 
 
-def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
-                train: bool = False):
-    """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
-    keeps the CPU); a clear error when it is not a model folder.
-
-    `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.precision`); otherwise the
-    weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
-    trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, auto_class=None):
+    """The model of a local folder, through `auto_class` (default AutoModelForCausalLM; SPA's estimator body takes
+    AutoModel), as `load_policy` describes: fp32 master weights for `train`, else cast to `dtype`. A LoRA checkpoint
+    loads its base plus the adapter, trainable for `train`, else merged into the base."""
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     adapter = is_adapter(path)
-    folder = adapter_base(path) if adapter else path   # the tokenizer is saved in both folders
+    folder = adapter_base(path) if adapter else path
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a Hugging Face model folder (config.json missing)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                 dtype=torch.float32 if train else DTYPES[dtype])
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = (auto_class or AutoModelForCausalLM).from_pretrained(
+        folder, local_files_only=True, dtype=torch.float32 if train else DTYPES[dtype])
     if train:
         mark(model, dtype)
     if adapter:
@@ -130,39 +122,64 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
         model = PeftModel.from_pretrained(model, path, is_trainable=train)
         if not train:
             model = model.merge_and_unload()
+    return model
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
+                train: bool = False):
+    """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
+    keeps the CPU); a clear error when it is not a model folder.
+
+    `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.precision`); otherwise the
+    weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
+    trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
+    from transformers import AutoTokenizer
+
+    model = load_weights(path, dtype, train)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)   # saved in adapter folders too
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
         model.to(resolve_device(device))
     return model, tokenizer
 
 
-def with_lora(model, cfg, seed: int):
-    """`model` wrapped with fresh LoRA adapters (`policy.lora`; B = 0, so it computes what `model` did): only the
-    adapter weights train. A model that already carries adapters is returned as it is."""
+def with_lora(model, cfg, seed: int, task_type: str | None = "CAUSAL_LM"):
+    """`model` wrapped with fresh LoRA adapters (a `LoraSettings`; B = 0, so it computes what `model` did): only
+    the adapter weights train. A model that already carries adapters is returned as it is. `task_type` None suits
+    a model without an LM head (SPA's estimator body)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if isinstance(model, PeftModel):
         return model
     torch.manual_seed(seed)
     return get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                            target_modules=cfg.target_modules, task_type="CAUSAL_LM"))
+                                            target_modules=cfg.target_modules, task_type=task_type))
 
 
-def save_policy(model, tokenizer, folder: Path, final: Path, base: Path | None = None) -> None:
-    """Write the policy into `folder` (the temporary folder that becomes `final`). A LoRA model writes only its
-    adapter, with `base_model_name_or_path` pointing at `base` relative to `final`, so a run folder can move."""
+def save_weights(model, folder: Path, base: Path | None = None) -> None:
+    """`model.save_pretrained(folder)`. A LoRA model writes only its adapter, with `base_model_name_or_path`
+    pointing at `base` relative to `folder` (a temporary folder beside the final one, as `atomic_dir` makes it,
+    so the relative path holds there too and a run folder can move)."""
     import json
     import os
 
     from peft import PeftModel
 
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
     if isinstance(model, PeftModel):
         if base is None:
-            raise ValueError("save_policy: a LoRA policy needs the base model folder it adapts")
+            raise ValueError("save_weights: a LoRA model needs the base model folder it adapts")
         cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
-        cfg["base_model_name_or_path"] = os.path.relpath(Path(base).resolve(), Path(final).resolve())
+        cfg["base_model_name_or_path"] = os.path.relpath(Path(base).resolve(), Path(folder).resolve())
         (folder / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def save_policy(model, tokenizer, folder: Path, base: Path | None = None) -> None:
+    """Write the policy (weights or adapter, see `save_weights`) and its tokenizer into `folder`."""
+    save_weights(model, folder, base)
+    tokenizer.save_pretrained(folder)
 
 
 def render_prompt(tokenizer, text: str) -> str:

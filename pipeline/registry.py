@@ -96,6 +96,9 @@ class Stage:
 _fitting = [m for m in METHODS.values() if m.fits]
 # each fitting method's own section, and the tables it keeps beside its model (SPA's replay), from the method registry
 _method_section = tuple(When(f"credit.{m.name}", method_is(m.name)) for m in _fitting)
+# the keys that decide what reward_init builds: whether the model is LoRA adapters (and their shape)
+_method_lora = tuple(When(f"credit.{m.name}.lora", method_is(m.name)) for m in _fitting
+                     if "lora" in m.config.model_fields)
 
 
 def _model_tables(folder: str) -> tuple[When, ...]:
@@ -110,7 +113,7 @@ STAGES: tuple[Stage, ...] = (
     # body with a fresh scalar head (SPA), and SPA's empty replay.
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
           outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
-          params=("seed", "credit.method"), enabled=needs_fit, loads_model=True),
+          params=("seed", "credit.method", *_method_lora), enabled=needs_fit, loads_model=True),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout"), loads_model=True),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),

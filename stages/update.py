@@ -71,7 +71,7 @@ def main(argv=None) -> None:
         out = ctx.path(CHECKPOINT)
         optstate.save(optimizer, ctx.path(ITER_DIR), OPTIMIZER)
         with atomic_dir(out) as tmp:
-            save_policy(model, tokenizer, tmp, out, base=ctx.path(CHECKPOINT, 0))
+            save_policy(model, tokenizer, tmp, base=ctx.path(CHECKPOINT, 0))
         optstate.prune(ctx.path(ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
         tracker.log_metrics({f"update/{k}": v for k, v in stats.items()}, step=it, parent=True)
         ctx.log(f"wrote {out}: " + ", ".join(f"{k} {v:.4f}" for k, v in stats.items()))

@@ -75,6 +75,31 @@ def test_oprl_prm_loss_falls_and_its_rewards_then_separate_successes():
     assert S[ep_success].min() > S[~ep_success].max()
 
 
+def test_oprl_lora_prm_starts_at_the_policy_and_trains_adapters_only():
+    """`credit.oprl.lora`: adapters with B = 0 leave the PRM exactly the policy (r_phi = 0), and the PRM's update
+    moves only the adapters while still separating successes from failures."""
+    from pipeline.policy import with_lora
+    from pipeline.schema import LoraSettings
+
+    policy = tiny_llama()
+    prm = with_lora(copy.deepcopy(policy), LoraSettings(r=4, alpha=8), seed=0)
+    prompts, responses, turn_ep, ep_group, ep_success = batch()
+    old = turn_logprob_sums(policy, prompts, responses, PAD, batch_size=8)
+    assert (turn_logprob_sums(prm, prompts, responses, PAD, batch_size=8) == old).all()
+    cfg = OprlConfig(beta=0.5, lr=3e-2, steps=25, batch_size=8)
+    opt = torch.optim.AdamW([q for q in prm.parameters() if q.requires_grad], lr=cfg.lr)
+    stats = prm_update(prm, opt, prompts, responses, old, turn_ep, ep_group, ep_success, cfg, PAD)
+    assert stats["prm_loss_before"] == pytest.approx(math.log(2))
+    assert stats["prm_loss_after"] < 0.5 * stats["prm_loss_before"]
+    S = np.bincount(turn_ep, weights=0.5 * (turn_logprob_sums(prm, prompts, responses, PAD, 8) - old))
+    assert S[ep_success].min() > S[~ep_success].max()
+    frozen = dict(policy.named_parameters())
+    for name, w in prm.named_parameters():
+        if "lora_" not in name:
+            assert not w.requires_grad
+            assert torch.equal(w, frozen[name.removeprefix("base_model.model.").replace(".base_layer", "")]), name
+
+
 def test_oprl_gradient_through_chunks_equals_one_big_batch():
     """The chunked two-pass gradient of prm_update is the exact gradient of the pairwise loss."""
     policy = tiny_llama()
@@ -116,3 +141,83 @@ def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
     metrics = [json.loads(x) for x in (d / "results/metrics/fit_2.jsonl").read_text().splitlines()]
     fit = {k: v for m in metrics for k, v in m["metrics"].items()}
     assert fit["fit/prm_drift"] == 0.0 and fit["fit/policy_drift"] > 0 and fit["fit/drift_corr"] == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def lora_reward_runs(grpo_run, tmp_path_factory):
+    """The shared GRPO run continued with OPRL and with SPA, each with LoRA reward models, up to iteration 2's fit
+    (keep_optimizer: all, so that a fit can be rerun alone)."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import SNAKEMAKE, snakemake_failure
+
+    dirs = {}
+    for m in ("oprl", "spa"):
+        d = tmp_path_factory.mktemp(f"lora_{m}")
+        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+        params = yaml.safe_load((d / "params.yaml").read_text())
+        params["credit"] = {"method": m, m: {"lora": {"r": 4, "alpha": 8}}}
+        params["runtime"] = {"keep_optimizer": "all"}
+        params["tracking"] = {"enabled": False}
+        (d / "params.yaml").write_text(yaml.safe_dump(params))
+        dirs[m] = d
+    procs = {m: subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet", "results/iter_2/step_rewards.parquet"],
+                                 cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for m, d in dirs.items()}
+    for m, p in procs.items():
+        out, err = p.communicate(timeout=1200)
+        if p.returncode != 0:
+            pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    return dirs
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("method", ["oprl", "spa"])
+def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_reproduces_them(
+        lora_reward_runs, method, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from pipeline.policy import adapter_base
+
+    d = lora_reward_runs[method]
+    base = d / "results/iter_0/checkpoint"
+    for it in (0, 1, 2):
+        rm = d / f"results/iter_{it}/reward_model"
+        assert json.loads((rm / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+            "../../iter_0/checkpoint"
+        assert adapter_base(rm) == base.resolve() and not (rm / "model.safetensors").exists()
+        assert (rm / "adapter_model.safetensors").stat().st_size < (base / "model.safetensors").stat().st_size / 5
+    r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
+    if method == "oprl":       # B = 0: the PRM of iteration 1 is exactly the policy that played the rollouts
+        assert (r1["score"] == 0.0).all()
+    else:                      # the estimator's head trained on iteration 1's outcomes
+        assert (r1["score"] != 0.0).any()
+    # resume: fit 2 rerun alone from the saved state of iteration 1 writes the same scores and adapter
+    rerun = tmp_path / "rerun"
+    shutil.copytree(d, rerun)
+    rm2 = rerun / "results/iter_2/reward_model"
+    before = (rm2 / "adapter_model.safetensors").read_bytes()
+    scores = tables.read_table(rerun / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
+    shutil.rmtree(rm2)
+    r = subprocess.run([sys.executable, "-m", "stages.fit", "--params", "params.yaml", "--iteration", "2"],
+                       cwd=rerun, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (rm2 / "adapter_model.safetensors").read_bytes() == before
+    again = tables.read_table(rerun / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
+    assert again["score"].to_list() == scores["score"].to_list()
+
+
+def test_a_reward_model_saved_without_lora_is_refused_when_lora_is_set(tmp_path):
+    from pipeline.config import Params
+    from pipeline.methods.oprl import ImplicitPRM
+
+    tiny_llama().save_pretrained(tmp_path / "reward_model")
+    p = Params.model_validate({"credit": {"method": "oprl", "oprl": {"lora": {"r": 4}}}})
+    with pytest.raises(ValueError, match=r"reward_model: the saved step-reward model is a whole model but "
+                                         r"credit\.oprl\.lora is set; rerun from the reward_init stage"):
+        ImplicitPRM().load(tmp_path / "reward_model", {}, p)

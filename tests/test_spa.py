@@ -83,3 +83,45 @@ def test_spa_replay_keeps_recent_iterations(method_runs):
     assert sorted(replay["iteration"].unique().to_list()) == [1, 2]       # window of 3 holds both
     assert replay.height == steps1.height + steps2.height
     assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
+
+
+def test_spa_estimator_with_lora_trains_adapters_and_head_only(tmp_path):
+    """`credit.spa.lora`: the body's own weights stay those of the policy, the saved estimator is the adapter (with a
+    pointer to the policy it adapts) and the head, and it reloads to the same contributions."""
+    import json
+
+    from pipeline.policy import pad_batch
+    from pipeline.schema import LoraSettings
+
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    est = ProgressEstimator.from_policy(tmp_path / "policy", lora=LoraSettings(r=4, alpha=8), seed=0)
+    plain = ProgressEstimator.from_policy(tmp_path / "policy")
+    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
+    ids, attn, _ = pad_batch(prompts[:8], responses[:8], PAD)
+    with torch.no_grad():                                   # B = 0: the adapted body computes the policy's states
+        same = est.body(input_ids=ids, attention_mask=attn).last_hidden_state
+        assert torch.equal(same, plain.body(input_ids=ids, attention_mask=attn).last_hidden_state)
+    trainable = {n for n, q in est.modules.named_parameters() if q.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("head.") for n in trainable)
+    assert "head.weight" in trainable
+    cfg = SpaConfig(lr=3e-3, epochs=30, episodes_per_batch=6, batch_size=16)
+    opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
+    stats = train_progress(est, opt, prompts, responses, turn_ep, ep_success.astype(np.float64), cfg, PAD, seed=0)
+    assert stats[f"estimator_loss_epoch_{cfg.epochs - 1}"] < 0.5 * stats["estimator_loss_epoch_0"]
+    frozen = dict(plain.body.named_parameters())
+    moved = 0
+    for name, w in est.body.named_parameters():
+        if "lora_" in name:
+            moved += int("lora_B" in name and w.abs().max() > 0)
+        else:
+            assert torch.equal(w, frozen[name.removeprefix("base_model.model.").replace(".base_layer", "")]), name
+    assert moved > 0
+    c = est.contributions(prompts, responses, PAD, 16)
+    est.save(tmp_path / "reward_model")
+    saved = tmp_path / "reward_model"
+    assert not (saved / "model.safetensors").exists() and (saved / "adapter_model.safetensors").is_file()
+    assert json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"] == "../policy"
+    again = ProgressEstimator.load(saved)
+    assert again.base == (tmp_path / "policy").resolve()
+    assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
+    assert {n for n, q in again.modules.named_parameters() if q.requires_grad} == trainable

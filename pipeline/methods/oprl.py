@@ -29,8 +29,8 @@ import polars as pl
 from pydantic import Field
 
 from pipeline.methods.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.methods.reward_model import Log, StepRewardModel, adamw
-from pipeline.schema import Mode, Section
+from pipeline.methods.reward_model import Log, StepRewardModel, adamw, check_lora
+from pipeline.schema import LoraSettings, Mode, Section
 
 
 class OprlConfig(Section):
@@ -47,6 +47,8 @@ class OprlConfig(Section):
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
     report_drift: bool = Field(True, description="score the turns with the initial policy too, to report how far "
                                "the PRM and the policy have drifted from it (one more forward pass)")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen initial policy as the "
+                                      "PRM (null: all its weights train)")
 
 
 def terms(t, cfg, episode) -> Terms:
@@ -161,9 +163,10 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
 
 @dataclass
 class PrmState:
-    prm: object          # the implicit PRM, a causal LM (fp32 master weights)
+    prm: object          # the implicit PRM, a causal LM (fp32 master weights), or LoRA adapters on the initial policy
     tokenizer: object
     optimizer: object
+    base: Path | None    # the initial policy a LoRA PRM adapts (None: a whole model)
 
 
 @dataclass
@@ -189,20 +192,30 @@ def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndar
 
 class ImplicitPRM(StepRewardModel):
     def init(self, policy_dir: Path, params) -> PrmState:
-        from pipeline.policy import load_policy
+        from pipeline.policy import load_policy, with_lora
 
+        cfg = params.credit.oprl
         prm, tok = load_policy(policy_dir, params.policy.dtype, params.runtime.device, train=True)
-        return PrmState(prm, tok, adamw(prm.parameters(), params.credit.oprl.lr))
+        if cfg.lora is not None:   # B = 0: the PRM still computes exactly the initial policy
+            prm = with_lora(prm, cfg.lora, seed=params.seed)
+        return self._state(prm, tok, Path(policy_dir) if cfg.lora is not None else None, cfg)
 
     def load(self, model_dir: Path, tables, params) -> PrmState:
-        from pipeline.policy import load_policy
+        from pipeline.policy import adapter_base, load_policy
 
+        cfg = params.credit.oprl
+        base = adapter_base(model_dir) if check_lora(model_dir, cfg.lora, "credit.oprl.lora") else None
         prm, tok = load_policy(model_dir, params.policy.dtype, params.runtime.device, train=True)
-        return PrmState(prm, tok, adamw(prm.parameters(), params.credit.oprl.lr))
+        return self._state(prm, tok, base, cfg)
+
+    @staticmethod
+    def _state(prm, tok, base, cfg) -> PrmState:
+        return PrmState(prm, tok, adamw([q for q in prm.parameters() if q.requires_grad], cfg.lr), base)
 
     def save(self, state: PrmState, model_dir: Path) -> dict[str, pl.DataFrame]:
-        state.prm.save_pretrained(model_dir)
-        state.tokenizer.save_pretrained(model_dir)
+        from pipeline.policy import save_policy
+
+        save_policy(state.prm, state.tokenizer, model_dir, base=state.base)
         return {}
 
     def prepare(self, state: PrmState, steps, rollout_policy, initial_policy, iteration, params) -> PrmBatch:

@@ -86,6 +86,19 @@ def adamw(parameters, lr: float):
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
 
 
+def check_lora(model_dir: Path, lora, key: str) -> bool:
+    """Whether the saved model at `model_dir` is a LoRA adapter; an error when that disagrees with the params'
+    `key` (the model was made under other settings: rerun from reward_init)."""
+    from pipeline.policy import is_adapter
+
+    adapter = is_adapter(model_dir)
+    if adapter != (lora is not None):
+        raise ValueError(f"{model_dir}: the saved step-reward model is {'a LoRA adapter' if adapter else 'a whole model'}"
+                         f" but {key} is {'null' if lora is None else 'set'}; rerun from the reward_init stage "
+                         "(snakemake does so when the params change)")
+    return adapter
+
+
 def save_state(model: StepRewardModel, state, model_dir: Path, iter_dir: Path) -> None:
     """Write `state` as `model_dir` (atomically, whole), its optimiser's state and its extra tables into
     `iter_dir`. The caller prunes older optimiser states (`optstate.prune`) once all its outputs are written."""

@@ -24,8 +24,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.methods.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.methods.reward_model import Log, StepRewardModel, adamw
-from pipeline.schema import Mode, Section
+from pipeline.methods.reward_model import Log, StepRewardModel, adamw, check_lora
+from pipeline.schema import LoraSettings, Mode, Section
 from pipeline.tables import Table
 
 HEAD_FILE = "progress_head.pt"
@@ -54,6 +54,8 @@ class SpaConfig(Section):
     grad_clip: float = Field(1.0, gt=0.0)
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
+                                      "instead of every weight of the estimator (null)")
 
 
 def terms(t, cfg, episode) -> Terms:
@@ -76,42 +78,61 @@ class ProgressEstimator:
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
         self.modules = torch.nn.ModuleDict({"body": body, "head": self.head})
+        self.base: Path | None = None   # the initial policy a LoRA body adapts
 
     @classmethod
-    def from_policy(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
-        """The body of the policy folder at `path`, fp32 master weights computing in `dtype`."""
+    def from_policy(cls, path: str | Path, dtype: str = "float32", device=None, lora=None, seed: int = 0,
+                    ) -> ProgressEstimator:
+        """The body of the policy folder at `path`, fp32 master weights computing in `dtype`; with `lora` (a
+        `LoraSettings`), fresh adapters on the frozen body (B = 0: the same hidden states)."""
+        from pipeline.policy import with_lora
+
+        est = cls._build(path, dtype, device, None if lora is None else lambda body: with_lora(body, lora, seed, None))
+        est.base = Path(path) if lora is not None else None
+        return est
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
+        """The estimator `save` wrote: a whole body, or LoRA adapters on the initial policy's body."""
         import torch
+
+        from pipeline.policy import adapter_base, is_adapter
+
+        path = Path(path)
+        if not (path / HEAD_FILE).is_file():
+            raise FileNotFoundError(f"{path}: not a progress estimator ({HEAD_FILE} missing)")
+        est = cls._build(path, dtype, device)
+        est.base = adapter_base(path) if is_adapter(path) else None
+        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True, map_location="cpu"))
+        return est
+
+    @classmethod
+    def _build(cls, path, dtype, device, wrap=None) -> ProgressEstimator:
         from transformers import AutoModel
 
-        from pipeline.policy import resolve_device
+        from pipeline.policy import load_weights, resolve_device
         from pipeline.precision import mark
 
-        body = AutoModel.from_pretrained(Path(path), local_files_only=True, dtype=torch.float32)
+        body = load_weights(path, dtype, train=True, auto_class=AutoModel)
+        body = wrap(body) if wrap is not None else body
         est = cls(body, body.config.hidden_size)
         est.modules.to(device=None if device is None else resolve_device(device))
         mark(est.modules, dtype)
         return est
 
-    @classmethod
-    def load(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
-        import torch
-
-        path = Path(path)
-        if not (path / HEAD_FILE).is_file():
-            raise FileNotFoundError(f"{path}: not a progress estimator ({HEAD_FILE} missing)")
-        est = cls.from_policy(path, dtype, device)
-        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True, map_location="cpu"))
-        return est
-
     def save(self, path: str | Path) -> None:
+        """The body (a LoRA body: its adapter, pointing at the initial policy) and the head."""
         import torch
 
+        from pipeline.policy import save_weights
+
         path = Path(path)
-        self.body.save_pretrained(path)
+        save_weights(self.body, path, self.base)
         torch.save(self.head.state_dict(), path / HEAD_FILE)
 
     def parameters(self):
-        return self.modules.parameters()
+        """The weights that train (a LoRA body's adapters and the head; else all)."""
+        return [q for q in self.modules.parameters() if q.requires_grad]
 
     def train(self):
         self.modules.train()
@@ -234,13 +255,16 @@ class ProgressModel(StepRewardModel):
 
         from pipeline.tables import empty_table
 
-        est = ProgressEstimator.from_policy(policy_dir, params.policy.dtype, params.runtime.device)
+        cfg = params.credit.spa
+        est = ProgressEstimator.from_policy(policy_dir, params.policy.dtype, params.runtime.device, cfg.lora,
+                                            seed=params.seed)
         tok = AutoTokenizer.from_pretrained(policy_dir, local_files_only=True)
-        return SpaState(est, tok, adamw(est.parameters(), params.credit.spa.lr), empty_table(REPLAY))
+        return SpaState(est, tok, adamw(est.parameters(), cfg.lr), empty_table(REPLAY))
 
     def load(self, model_dir: Path, tables, params) -> SpaState:
         from transformers import AutoTokenizer
 
+        check_lora(model_dir, params.credit.spa.lora, "credit.spa.lora")
         est = ProgressEstimator.load(model_dir, params.policy.dtype, params.runtime.device)
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         opt = adamw(est.parameters(), params.credit.spa.lr)
