@@ -50,7 +50,8 @@ class TinyModelConfig(Section):
     hidden_size: int = Field(64, ge=16, description="Llama hidden size")
     intermediate_size: int = Field(192, ge=16, description="Llama MLP size")
     num_hidden_layers: int = Field(2, ge=1, description="Llama layers")
-    num_attention_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
+    num_attention_heads: int = Field(2, ge=1, description="attention heads (must divide hidden_size); the head "
+                                     "size hidden_size / heads must be one vLLM's CPU attention accepts (32 here)")
     tokenizer_corpus_episodes: int = Field(300, ge=10, le=MAX_INDEX,
                                            description="random episodes rendered to train the tokenizer")
 
