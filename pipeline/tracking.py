@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import warnings
@@ -58,6 +59,15 @@ def invocation() -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - process inspection is best effort
         pass
     return f"manual-{os.getpid()}-{int(time.time())}", "manual"
+
+
+def gpu_peak() -> dict[str, float]:
+    """`time/gpu_peak_mb`: the most GPU memory torch held at once in this process, where it used a GPU."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"time/gpu_peak_mb": max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count()))
+            / 2**20}
 
 
 class Tracker:
@@ -188,7 +198,7 @@ class Tracker:
         now = time.time()
         self.log_metrics({"time/startup_s": max(self.t_enter - started, 0.0), "time/tracking_s": self.tracking_s,
                           "time/work_s": max(now - self.t_enter - self.tracking_s, 0.0),
-                          "time/total_s": now - started} | in_effect())
+                          "time/total_s": now - started} | in_effect() | gpu_peak())
 
     def finish(self, status: str = "FINISHED", end_parent: bool = False) -> None:
         if not self._finished:
