@@ -149,6 +149,11 @@ class UpdateConfig(Section):
     lr: float = Field(2e-4, gt=0.0)
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
+    micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
+                                         "gradients are accumulated over its micro-batches, with the same token-mean "
+                                         "loss (memory, not maths; null: the whole minibatch at once)")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
+                                         "pass instead of keeping them (less memory, about a third more compute)")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
     kl_coef: float = Field(0.0, ge=0.0, description="low_var_kl to the iteration-0 policy; 0 turns it off")

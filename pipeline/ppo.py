@@ -20,8 +20,10 @@ __all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequenc
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip_ratio: float, dual_clip: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L])."""
+                clip_ratio: float, dual_clip: float, tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L]). `tokens`: the
+    number of response tokens to average over (a micro-batch's share of its minibatch's mean; default this batch's
+    own count)."""
     mask = mask.float()
     ratio = torch.exp(logp - old_logp)
     loss1 = -adv * ratio
@@ -29,7 +31,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     clipped = torch.maximum(loss1, loss2)
     dual = torch.minimum(-adv * dual_clip, clipped)
     per_token = torch.where(adv < 0, dual, clipped)
-    n = mask.sum().clamp(min=1.0)
+    n = mask.sum().clamp(min=1.0) if tokens is None else tokens
     loss = (per_token * mask).sum() / n
     with torch.no_grad():
         clipfrac = (((loss2 > loss1).float()) * mask).sum() / n
@@ -71,49 +73,54 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     started = time.perf_counter()
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
+    micro = cfg.micro_batch_size or cfg.minibatch_size
     model.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for b in range(0, n, cfg.minibatch_size):
             idx = order[b: b + cfg.minibatch_size]
-            ids, _, resp = pad_batch([prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
-            logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0,
-                                           temperature=temperature)
-            resp = resp.to(logp.device)
-            old = torch.zeros_like(logp)
-            old[resp] = torch.cat([old_logps[i] for i in idx]).to(logp.device)
-            adv = torch.tensor([advantages[i] for i in idx], dtype=logp.dtype, device=logp.device).unsqueeze(1)
-            pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip)
-            loss = pg_loss
-            m = resp.float()
-            denom = m.sum().clamp(min=1.0)
-            kl_val = 0.0
-            if ref_logps is not None and cfg.kl_coef > 0:
-                ref = torch.zeros_like(logp)
-                ref[resp] = torch.cat([ref_logps[i] for i in idx]).to(logp.device)
-                kl = (low_var_kl(logp, ref) * m).sum() / denom
-                loss = loss + cfg.kl_coef * kl
-                kl_val = kl.item()
-            ent_val = 0.0
-            if entropy is not None:
-                ent = (entropy * m).sum() / denom
-                loss = loss - cfg.entropy_coef * ent
-                ent_val = ent.item()
-            if not torch.isfinite(loss):
-                raise NonFiniteError(f"PPO loss is {float(loss)} at epoch {epoch}, minibatch {b // cfg.minibatch_size}")
+            where = f"epoch {epoch}, minibatch {b // cfg.minibatch_size}"
+            # token-mean over the whole minibatch: each micro-batch's sums are divided by the minibatch's tokens
+            tokens = float(max(sum(len(responses[i]) for i in idx), 1))
+            sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl"), 0.0)
             optimizer.zero_grad(set_to_none=True)
-            stepper.backward(loss)
-            grad_norm = stepper.step(f"epoch {epoch}, minibatch {b // cfg.minibatch_size}")
+            for m in range(0, len(idx), micro):
+                part = idx[m: m + micro]
+                ids, _, resp = pad_batch([prompts[i] for i in part], [responses[i] for i in part], pad_id)
+                logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0,
+                                               temperature=temperature)
+                resp = resp.to(logp.device)
+                old = torch.zeros_like(logp)
+                old[resp] = torch.cat([old_logps[i] for i in part]).to(logp.device)
+                adv = torch.tensor([advantages[i] for i in part], dtype=logp.dtype, device=logp.device).unsqueeze(1)
+                pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip, tokens)
+                loss = pg_loss
+                mask = resp.float()
+                if ref_logps is not None and cfg.kl_coef > 0:
+                    ref = torch.zeros_like(logp)
+                    ref[resp] = torch.cat([ref_logps[i] for i in part]).to(logp.device)
+                    kl = (low_var_kl(logp, ref) * mask).sum() / tokens
+                    loss = loss + cfg.kl_coef * kl
+                    sums["kl"] += kl.item()
+                if entropy is not None:
+                    ent = (entropy * mask).sum() / tokens
+                    loss = loss - cfg.entropy_coef * ent
+                    sums["entropy"] += ent.item()
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"PPO loss is {float(loss)} at {where}")
+                stepper.backward(loss)
+                for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("clipfrac", info["clipfrac"]),
+                             ("approx_kl", info["approx_kl"])):
+                    sums[k] += v
+            sums["grad_norm"] = stepper.step(where)
             step += 1
-            for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("kl", kl_val), ("entropy", ent_val),
-                         ("clipfrac", info["clipfrac"]), ("approx_kl", info["approx_kl"]),
-                         ("grad_norm", grad_norm)):
+            for k, v in sums.items():
                 if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
                     stats[k].append(v)
             if progress is not None and (step % 10 == 0 or step == steps_total):
                 rate = step / (time.perf_counter() - started)
-                progress(f"update step {step}/{steps_total}: loss {stats['loss'][-1]:.4f}, "
-                         f"clipfrac {info['clipfrac']:.3f}, {rate:.2f} steps/s")
+                progress(f"update step {step}/{steps_total}: loss {sums['loss']:.4f}, "
+                         f"clipfrac {sums['clipfrac']:.3f}, {rate:.2f} steps/s")
     model.eval()
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)

@@ -41,6 +41,8 @@ def main(argv=None) -> None:
         model, tokenizer = load_policy(prev, p.policy.dtype, p.runtime.device, train=True)
         if p.policy.lora is not None:   # iteration 1 wraps the initial policy; later ones load their adapter
             model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
+        if p.update.gradient_checkpointing:   # non-reentrant: works with frozen inputs (LoRA) as with full training
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         temperature = p.rollout.temperature
         prompts = table["prompt_ids"].to_list()
         responses = table["response_ids"].to_list()
