@@ -43,7 +43,8 @@ def params_for(model: Path, variant: str, args) -> dict:
         "policy": {"path": str(model.resolve()), "dtype": args.dtype, "max_new_tokens": args.new_tokens,
                    "lora": VARIANTS[variant]},
         "rollout": {"tasks_per_iteration": args.tasks, "group_size": args.group_size},
-        "update": {"epochs": 1, "minibatch_size": args.minibatch},
+        "update": {"epochs": 1, "minibatch_size": args.minibatch, "micro_batch_size": args.micro_batch,
+                   "gradient_checkpointing": args.gradient_checkpointing},
         "evaluate": {"tasks": args.tasks, "episodes_per_task": 1},
         "tracking": {"enabled": False},
         "runtime": {"device": args.device},
@@ -135,6 +136,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--minibatch", type=int, default=8)
+    ap.add_argument("--micro-batch", type=int, default=None, help="update.micro_batch_size")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="update.gradient_checkpointing")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--models-dir", type=Path, default=Path("results/bench/models"))
