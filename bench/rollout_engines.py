@@ -14,7 +14,10 @@ Models, both with random weights and nothing downloaded:
 - `tiny`: the tiny Llama at vLLM-compatible head size (hidden 64, 2 heads, 2 layers), vocabulary 1,024.
 - `qwen0.5b`: Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4,864, vocabulary 151,936),
   in bf16, with a small tokenizer trained here (ids past it decode to nothing).
-Writes rollout_engines.csv.
+`--lora` samples from a LoRA checkpoint on each model instead (r 16 on every linear layer, as the update writes
+one): `vllm` merges it into a copy of the base first (its load time includes the merge), `vllm-adapter` serves the
+base with vLLM's LoRA support (`rollout.vllm.lora`). Writes rollout_engines.csv (rollout_engines_lora.csv with
+`--lora`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,28 @@ def build_model(name: str, folder: Path) -> Path:
     return folder
 
 
+def lora_checkpoint(base: Path, folder: Path, r: int = 16) -> Path:
+    """A LoRA checkpoint (r, all linear layers, random B so that it changes the policy) on the model folder `base`,
+    as the update stage writes one."""
+    import torch
+
+    from pipeline.policy import load_policy, save_policy, with_lora
+    from pipeline.schema import LoraSettings
+
+    if (folder / "adapter_config.json").is_file():
+        return folder
+    model, tok = load_policy(base, "float32")
+    model = with_lora(model, LoraSettings(r=r, alpha=2 * r), seed=0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if "lora_B" in name:
+                w.copy_(torch.randn(w.shape, generator=g) * 0.02)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_policy(model, tok, folder, base=base)
+    return folder
+
+
 def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, new_tokens: int) -> dict:
     from pipeline.config import Params
     from pipeline.engines import open_sampler
@@ -71,8 +96,10 @@ def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, ne
     from pipeline.prompting import build_prompt
     from pipeline.rollout import EpisodeSpec, play_episodes
 
+    vllm_lora = "adapter" if engine == "vllm-adapter" else "merged"
     p = Params.model_validate({"policy": {"dtype": dtype, "max_new_tokens": new_tokens},
-                               "rollout": {"engine": engine, "batch_size": episodes},
+                               "rollout": {"engine": engine.removesuffix("-adapter"), "batch_size": episodes,
+                                           "vllm": {"lora": vllm_lora}},
                                "env": {"name": "sokoban", "max_turns": turns}})
     t0 = time.perf_counter()
     sampler, tok = open_sampler(p, folder, engine_seed=0)
@@ -100,7 +127,10 @@ def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, ne
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    ap.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm", "vllm-adapter"],
+                    help="vllm-adapter: vLLM's LoRA support on a LoRA checkpoint (vllm merges it into a copy)")
+    ap.add_argument("--lora", action="store_true", help="sample from a LoRA checkpoint (r 16, all linear layers) "
+                    "on each model instead of the model itself; load time then includes vllm's merge")
     ap.add_argument("--episodes", type=int, default=64, help="episodes, all in one batch per turn")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=12)
@@ -111,11 +141,13 @@ def main(argv=None) -> None:
     rows = []
     for name in args.models:
         folder = build_model(name, args.models_dir / name)
+        if args.lora:
+            folder = lora_checkpoint(folder, args.models_dir / f"{name}-lora")
         episodes = args.qwen_episodes if name == "qwen0.5b" else args.episodes
         for engine in args.engines:
             print(f"{name} / {engine}: {episodes} episodes x {args.turns} turns, {args.new_tokens} new tokens",
                   flush=True)
-            row = {"model": name, "episodes": episodes,
+            row = {"model": name + ("+lora" if args.lora else ""), "episodes": episodes,
                    **measure(folder, engine, SHAPES[name]["dtype"], episodes, args.turns, args.new_tokens)}
             print("  " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
                   flush=True)
@@ -125,8 +157,9 @@ def main(argv=None) -> None:
     with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=3):
         print(df.drop("machine"))
     args.out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out / "rollout_engines.csv", df.write_csv())
-    print(f"wrote {args.out / 'rollout_engines.csv'}")
+    out = args.out / ("rollout_engines_lora.csv" if args.lora else "rollout_engines.csv")
+    write_text_atomic(out, df.write_csv())
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

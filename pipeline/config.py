@@ -101,6 +101,10 @@ class VllmSettings(Section):
         None, gt=0.0, le=1.0, description="share of the device's memory vLLM takes for weights and KV cache (on "
         "the CPU: of the machine's memory); null: 0.85 on a GPU, 0.2 on the CPU")
     max_model_len: int | None = Field(None, ge=16, description="longest prompt + response; null: the model's")
+    lora: Literal["merged", "adapter"] = Field(
+        "merged", description="how vLLM samples from a LoRA checkpoint: merged (the adapter merged into a temporary "
+        "copy of the base, plain dense weights) or adapter (the base with vLLM's LoRA support, the adapter passed "
+        "with every request)")
 
 
 class RolloutConfig(Section):

@@ -2,8 +2,9 @@
 
 - `hf`: Hugging Face `generate` on the loaded model (`pipeline.policy.generate`).
 - `vllm`: vLLM's offline `LLM` on the checkpoint folder (a LoRA checkpoint is merged into a copy of its base
-  first). One request per live episode per turn; vLLM returns the sampled tokens' log-probs of the processed
-  (temperature-scaled) distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; a
+  first, or with `rollout.vllm.lora: adapter` passed to vLLM's LoRA support with every request). One request per
+  live episode per turn; vLLM returns the sampled tokens' log-probs of the processed (temperature-scaled)
+  distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; a
   per-request seed only on a GPU, since on the CPU a per-request generator kills the engine.
 
 Both return `pipeline.policy.Generation`s, so the step table is the same whichever engine sampled it.
@@ -64,19 +65,34 @@ class VLLMSampler:
             raise ValueError(f"{checkpoint}: head_dim {head_dim} is not one vLLM's CPU attention supports "
                              f"{VLLM_CPU_HEAD_DIMS}; for the tiny policy set policy.tiny.hidden_size / "
                              "num_attention_heads to one of them, or use rollout.engine: hf")
-        if is_adapter(folder):     # vLLM gets a merged copy: base + adapter as one plain model folder
+        cfg = params.rollout.vllm
+        self.lora_request, lora_args = None, {}
+        if is_adapter(folder) and cfg.lora == "adapter":   # the base, and the adapter with every request
+            from typing import get_args
+
+            from vllm.config.lora import MaxLoRARanks
+            from vllm.lora.request import LoRARequest
+
+            rank = int(json.loads((folder / "adapter_config.json").read_text())["r"])
+            slots = [k for k in get_args(MaxLoRARanks) if k >= rank]   # vLLM sizes its LoRA slots in steps
+            if not slots:
+                raise ValueError(f"{folder}: LoRA rank {rank} is above vLLM's largest, {max(get_args(MaxLoRARanks))};"
+                                 " set rollout.vllm.lora: merged")
+            self.lora_request = LoRARequest("policy", 1, str(folder.resolve()))
+            lora_args = dict(enable_lora=True, max_lora_rank=min(slots), max_loras=1)
+            folder = adapter_base(folder)
+        elif is_adapter(folder):   # a merged copy: base + adapter as one plain model folder
             self._tmp = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
             model, tok = load_policy(folder, params.policy.dtype)
             model.save_pretrained(self._tmp)
             tok.save_pretrained(self._tmp)
             folder = self._tmp
         self.per_request_seed = device.type == "cuda"
-        cfg = params.rollout.vllm
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
         self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
                        enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
                        max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
-                       generation_config="vllm")
+                       generation_config="vllm", **lora_args)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                  seed: int) -> list[Generation]:
@@ -89,7 +105,8 @@ class VLLMSampler:
                                  stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
                                  repetition_penalty=1.0, seed=_mix(seed, k) if self.per_request_seed else None)
                   for k in range(len(prompt_ids))]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
         results = []
         for out in outs:
             c = out.outputs[0]

@@ -78,3 +78,52 @@ def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
     with pytest.raises(ValueError, match=r"head_dim 16 is not one vLLM's CPU attention supports.*rollout.engine: hf"):
         open_sampler(p, folder, engine_seed=0)
     assert cfg["head_dim"] == 32
+
+
+def lora_checkpoint(base, folder, seed=0):
+    """A LoRA checkpoint on `base` whose adapter changes the policy (B random, not 0)."""
+    from pipeline.policy import save_policy, with_lora
+    from pipeline.schema import LoraSettings
+
+    model, tok = load_policy(base)
+    model = with_lora(model, LoraSettings(r=4, alpha=8), seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if "lora_B" in name:
+                w.copy_(torch.randn(w.shape, generator=g) * 0.3)
+    folder.mkdir(parents=True)
+    save_policy(model, tok, folder, base=base)
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["merged", "adapter"])
+def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp_path, mode):
+    """Both ways of serving a LoRA checkpoint (rollout.vllm.lora) sample from base + adapter: the log-probs vLLM
+    returns are the trainer's of the adapted policy, and far from the base's."""
+    from pipeline.config import load_params
+    from pipeline.engines import open_sampler
+
+    base = vllm_run / "results/iter_0/checkpoint"
+    ck = lora_checkpoint(base, tmp_path / "iter_1" / "checkpoint")
+    p = load_params(vllm_run / "params.yaml")
+    p = p.model_copy(update={"rollout": p.rollout.model_copy(update={
+        "vllm": p.rollout.vllm.model_copy(update={"lora": mode})})})
+    steps = tables.read_table(vllm_run / "results/iter_1/steps.parquet", tables.STEPS)
+    prompts = steps["prompt_ids"].to_list()[:12]
+    sampler, tok = open_sampler(p, ck, engine_seed=0)
+    try:
+        gens = sampler(prompts, 8, 0.8, seed=0)
+    finally:
+        sampler.close()
+    responses = [g.response_ids for g in gens]
+    assert sum(map(len, responses)) >= 24
+    ids, _, resp = pad_batch(prompts, responses, tok.pad_token_id)
+    engine = torch.cat([torch.tensor(g.logprobs) for g in gens])
+    gaps = {}
+    for name, folder in (("adapted", ck), ("base", base)):
+        model, _ = load_policy(folder)
+        with torch.no_grad():
+            logp, _ = token_logprobs(model, ids, resp, temperature=0.8)
+        gaps[name] = float((logp[resp] - engine).abs().max())
+    assert gaps["adapted"] < 1e-3 < 0.05 < gaps["base"], gaps
