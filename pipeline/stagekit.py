@@ -21,6 +21,7 @@ class StageContext:
     iteration: int | None
     stage: str
     started: float
+    args: argparse.Namespace | None = None   # the stage's own options (`options` of parse_args)
 
     def log(self, msg: str) -> None:
         elapsed = time.perf_counter() - self.started
@@ -34,12 +35,19 @@ class StageContext:
         return Path(strip_dir(fill(template, it) if it is not None else template))
 
 
-def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None) -> StageContext:
+def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, options=None,
+               iteration_needed=None) -> StageContext:
+    """Parse a stage's command line and load its params. `options(parser)` adds the stage's own arguments;
+    `iteration_needed(args)` says whether `--iteration` must be given (default: always, for a per-iteration stage)."""
     ap = argparse.ArgumentParser(prog=f"python -m stages.{stage}")
     ap.add_argument("--params", default="params.yaml", help="validated parameters file")
     if per_iteration:
-        ap.add_argument("--iteration", type=int, required=True)
+        ap.add_argument("--iteration", type=int, required=iteration_needed is None)
+    if options is not None:
+        options(ap)
     args = ap.parse_args(argv)
+    if per_iteration and args.iteration is None and iteration_needed is not None and iteration_needed(args):
+        ap.error("the following arguments are required: --iteration")
     started = time.perf_counter()
     try:
         params = load_params(args.params)
@@ -53,7 +61,7 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None) -
         sys.exit(2)
     n = threads.resolve(params.runtime.torch_threads)
     threads.apply(n)                                          # stages/__init__.py exported it before any import
-    ctx = StageContext(params, args.params, it, stage, started)
+    ctx = StageContext(params, args.params, it, stage, started, args)
     ctx.log(f"{n} threads (runtime.torch_threads {params.runtime.torch_threads})")
     return ctx
 

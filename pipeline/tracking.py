@@ -73,7 +73,10 @@ def gpu_peak() -> dict[str, float]:
 class Tracker:
     """Child run of a stage; every call is safe when MLflow is down (it warns once and goes on)."""
 
-    def __init__(self, params: Params, stage: str, iteration: int | None, root: Path | None = None):
+    def __init__(self, params: Params, stage: str, iteration: int | None, root: Path | None = None,
+                 metrics_dir: Path | None = None, run_name: str | None = None, tags: dict[str, str] | None = None):
+        """`metrics_dir` (default `results/metrics`) holds the metrics file; `run_name` and `tags` name and tag the
+        child run (default `stage[iteration]`)."""
         self.params = params
         self.stage = stage
         self.iteration = iteration
@@ -81,7 +84,9 @@ class Tracker:
         self.client = None
         self.run_id = None
         self.parent_id = None
-        self.metrics_file = self.root / "results" / "metrics" / (
+        self.run_name = run_name
+        self.tags = tags or {}
+        self.metrics_file = (metrics_dir or self.root / "results" / "metrics") / (
             f"{stage}.jsonl" if iteration is None else f"{stage}_{iteration}.jsonl")
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
         self.metrics_file.write_text("")
@@ -148,9 +153,9 @@ class Tracker:
                                               "creditrl.method": self.params.credit.method})
                 parent = run.info.run_id
                 self._log_params(client, parent)
-        name = self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]"
+        name = self.run_name or (self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]")
         tags = {"mlflow.parentRunId": parent, "creditrl.stage": self.stage, INVOCATION_TAG: key,
-                "creditrl.role": "stage"}
+                "creditrl.role": "stage", **self.tags}
         if self.iteration is not None:
             tags["creditrl.iteration"] = str(self.iteration)
         child = client.create_run(exp_id, run_name=name, tags=tags)

@@ -2,15 +2,27 @@
 
 Writes one row per episode (`tables.EVAL_EPISODES`) and the iteration's metrics: success rate, mean return, mean
 episode length, invalid-action rate; the metrics also go to the parent MLflow run with `step = iteration`.
+
+Evaluation only, of any local checkpoint (a project checkpoint, a Hugging Face model folder, a LoRA adapter folder),
+by the same code, into a folder of your choice:
+
+    python -m stages.evaluate --params P --checkpoint PATH --out DIR [--iteration I]
+
+writes DIR/eval.parquet, DIR/eval_metrics.json and DIR/evaluate_I.jsonl (the metrics), and logs an MLflow run named
+after the checkpoint. `--iteration` (default 0) only labels the rows and seeds the sampling: the stage's own
+evaluation of iteration I's checkpoint and this command with `--iteration I` write the same table.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from contextlib import closing
 
 import polars as pl
+
+from pathlib import Path
 
 from pipeline.envs.base import has, make_env
 from pipeline.engines import open_sampler
@@ -41,33 +53,64 @@ def optimal_moves(p, task_ids: list[int]) -> list[int | None]:
     return [known[t] for t in task_ids]
 
 
+def evaluate(p, checkpoint: Path, it: int, eval_file: Path, metrics_file: Path, tracker, log) -> dict[str, float]:
+    """Play the held-out episodes with `checkpoint`, write the episode table and the metrics; returns the metrics."""
+    seed = p.seed * 1_000_003 + 500_000 + it
+    sampler, tokenizer = open_sampler(p, checkpoint, engine_seed=seed)
+    log(f"sampling {checkpoint} with {sampler.name}")
+    specs = eval_specs(p)
+    log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
+        f"{p.evaluate.temperature}")
+    with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
+        steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.evaluate.temperature, seed=seed,
+                                 progress=log)
+    faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
+    episodes = steps.group_by("episode_id").agg(
+        pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
+        pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),
+    ).sort("task_id", "episode_id")
+    episodes = episodes.with_columns(
+        pl.lit(it, dtype=pl.Int32).alias("iteration"),
+        pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),
+    )
+    write_table(episodes, eval_file, EVAL_EPISODES)
+    summary = episode_summary(steps) | faults
+    write_text_atomic(metrics_file, json.dumps({"iteration": it, **summary}, indent=2) + "\n")
+    tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, step=it, parent=True)
+    log(f"wrote {eval_file}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+    return summary
+
+
+def _options(ap) -> None:
+    ap.add_argument("--checkpoint", type=Path, help="evaluation only: any local checkpoint (a project checkpoint, a "
+                    "Hugging Face model folder, a LoRA adapter folder) instead of iteration I's")
+    ap.add_argument("--out", type=Path, help="evaluation only: the folder for eval.parquet, eval_metrics.json and "
+                    "the metrics file")
+
+
 def main(argv=None) -> None:
-    ctx = parse_args("evaluate", per_iteration=True, argv=argv)
-    p, it = ctx.params, ctx.iteration
-    with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
-        seed = p.seed * 1_000_003 + 500_000 + it
-        sampler, tokenizer = open_sampler(p, ctx.path(CHECKPOINT), engine_seed=seed)
-        ctx.log(f"sampling with {sampler.name}")
-        specs = eval_specs(p)
-        ctx.log(f"{p.evaluate.tasks} held-out tasks x {p.evaluate.episodes_per_task} episodes, temperature "
-                f"{p.evaluate.temperature}")
-        with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
-            steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.evaluate.temperature,
-                                     seed=seed, progress=ctx.log)
-        faults = check_env_errors(steps, p.faults.max_env_error_share, f"evaluate, iteration {it}")
-        episodes = steps.group_by("episode_id").agg(
-            pl.col("task_id").first(), pl.col("episode_return").first(), pl.col("episode_length").first(),
-            pl.col("success").first(), (~pl.col("action_valid")).sum().cast(pl.Int32).alias("invalid_turns"),
-        ).sort("task_id", "episode_id")
-        episodes = episodes.with_columns(
-            pl.lit(it, dtype=pl.Int32).alias("iteration"),
-            pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),
-        )
-        write_table(episodes, ctx.path(EVAL), EVAL_EPISODES)
-        summary = episode_summary(steps) | faults
-        write_text_atomic(ctx.path(EVAL_METRICS), json.dumps({"iteration": it, **summary}, indent=2) + "\n")
-        tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, step=it, parent=True)
-        ctx.log(f"wrote {ctx.path(EVAL)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+    ctx = parse_args("evaluate", per_iteration=True, argv=argv, options=_options,
+                     iteration_needed=lambda a: a.checkpoint is None)
+    p, a = ctx.params, ctx.args
+    if (a.checkpoint is None) != (a.out is None):
+        print("error: --checkpoint and --out go together (evaluation only); without them the stage evaluates "
+              "--iteration's checkpoint", file=sys.stderr)
+        sys.exit(2)
+    if a.checkpoint is None:
+        it = ctx.iteration
+        with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
+            evaluate(p, ctx.path(CHECKPOINT), it, ctx.path(EVAL), ctx.path(EVAL_METRICS), tracker, ctx.log)
+        return
+    it = ctx.iteration if ctx.iteration is not None else 0
+    ctx.iteration = it
+    with stage_errors(ctx):
+        if not a.checkpoint.is_dir():
+            raise FileNotFoundError(f"--checkpoint {a.checkpoint}: no such folder")
+        a.out.mkdir(parents=True, exist_ok=True)
+        name = f"evaluate {a.checkpoint.resolve()}"
+        with Tracker(p, "evaluate", it, metrics_dir=a.out, run_name=name,
+                     tags={"creditrl.checkpoint": str(a.checkpoint.resolve())}) as tracker:
+            evaluate(p, a.checkpoint, it, a.out / "eval.parquet", a.out / "eval_metrics.json", tracker, ctx.log)
 
 
 if __name__ == "__main__":

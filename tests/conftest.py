@@ -120,3 +120,35 @@ def batch(n_groups=2, per_group=4, turns=2, seed=0):
             ep_success.append(k % 2 == 0)
             e += 1
     return prompts, responses, np.array(turn_ep), np.array(ep_group), np.array(ep_success)
+
+
+# A Hugging Face model folder with a chat template, standing in for Qwen2.5-Instruct (the tests of any-model paths).
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from pipeline.config import Params, TinyModelConfig
+    from pipeline.envs.base import spec_of
+    from pipeline.policy import train_tokenizer
+    from pipeline.warmstart import tokenizer_corpus
+
+    p = Params(policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
+    return train_tokenizer(tokenizer_corpus(p, 0), 400, spec_of(p.env).isolate)   # Sokoban keeps grid cells whole
+
+
+@pytest.fixture(scope="session")
+def qwen_folder(tmp_path_factory, tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("qwen-like")
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    Qwen2ForCausalLM(cfg).save_pretrained(d)
+    tokenizer.chat_template = CHAT
+    tokenizer.save_pretrained(d)
+    tokenizer.chat_template = None
+    return d

@@ -8,43 +8,17 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config import Params, TinyModelConfig
-from pipeline.envs.base import make_env, spec_of
-from pipeline.policy import (encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device,
-                             train_tokenizer)
+from pipeline.config import Params
+from pipeline.envs.base import make_env
+from pipeline.policy import encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device
 from pipeline.rollout import EpisodeSpec, play_episodes
-from pipeline.warmstart import tokenizer_corpus
-
-CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    p = Params(policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
-    return train_tokenizer(tokenizer_corpus(p, 0), 400, spec_of(p.env).isolate)   # Sokoban keeps grid cells whole
+from tests.conftest import CHAT
 
 
 def test_grid_cells_are_single_tokens(tokenizer):
     ids = tokenizer("_$@#\n1 2", add_special_tokens=False)["input_ids"]
     assert [tokenizer.decode([i]) for i in ids] == ["_", "$", "@", "#", "\n", "1", " ", "2"]
     assert encode_response(tokenizer, "<action>up</action>")[-1] == tokenizer.eos_token_id
-
-
-@pytest.fixture(scope="module")
-def qwen_folder(tmp_path_factory, tokenizer):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    d = tmp_path_factory.mktemp("qwen-like")
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    Qwen2ForCausalLM(cfg).save_pretrained(d)
-    tokenizer.chat_template = CHAT
-    tokenizer.save_pretrained(d)
-    tokenizer.chat_template = None
-    return d
 
 
 def test_sampling_ignores_the_folders_generation_config(qwen_folder, tmp_path):
