@@ -14,6 +14,7 @@ Models, both with random weights and nothing downloaded:
 - `tiny`: the tiny Llama at vLLM-compatible head size (hidden 64, 2 heads, 2 layers), vocabulary 1,024.
 - `qwen0.5b`: Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4,864, vocabulary 151,936),
   in bf16, with a small tokenizer trained here (ids past it decode to nothing).
+- `qwen1.5b`: Qwen2.5-1.5B's shape (28 layers, hidden 1,536, 12 heads, 2 KV heads, MLP 8,960), likewise; for a GPU.
 `--lora` samples from a LoRA checkpoint on each model instead (r 16 on every linear layer, as the update writes
 one): `vllm` merges it into a copy of the base first (its load time includes the merge), `vllm-adapter` serves the
 base with vLLM's LoRA support (`rollout.vllm.lora`). Writes rollout_engines.csv (rollout_engines_lora.csv with
@@ -37,6 +38,8 @@ SHAPES = {
                  num_key_value_heads=2, vocab_size=None, dtype="float32"),
     "qwen0.5b": dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                      num_attention_heads=14, num_key_value_heads=2, vocab_size=151_936, dtype="bfloat16"),
+    "qwen1.5b": dict(arch="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151_936, dtype="bfloat16"),
 }
 
 
@@ -93,7 +96,6 @@ def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, ne
     from pipeline.engines import open_sampler
     from pipeline.envs.base import make_env
     from pipeline.policy import encode_prompt
-    from pipeline.prompting import build_prompt
     from pipeline.rollout import EpisodeSpec, play_episodes
 
     vllm_lora = "adapter" if engine == "vllm-adapter" else "merged"
@@ -126,7 +128,7 @@ def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, ne
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--models", nargs="+", default=["tiny", "qwen0.5b"], choices=list(SHAPES))
     ap.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm", "vllm-adapter"],
                     help="vllm-adapter: vLLM's LoRA support on a LoRA checkpoint (vllm merges it into a copy)")
     ap.add_argument("--lora", action="store_true", help="sample from a LoRA checkpoint (r 16, all linear layers) "
@@ -134,7 +136,7 @@ def main(argv=None) -> None:
     ap.add_argument("--episodes", type=int, default=64, help="episodes, all in one batch per turn")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=12)
-    ap.add_argument("--qwen-episodes", type=int, default=8, help="episodes for the 0.5B shape (slow on a CPU)")
+    ap.add_argument("--qwen-episodes", type=int, default=8, help="episodes for the Qwen shapes (slow on a CPU)")
     ap.add_argument("--models-dir", type=Path, default=Path("results/bench/models"))
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     args = ap.parse_args(argv)
@@ -143,7 +145,7 @@ def main(argv=None) -> None:
         folder = build_model(name, args.models_dir / name)
         if args.lora:
             folder = lora_checkpoint(folder, args.models_dir / f"{name}-lora")
-        episodes = args.qwen_episodes if name == "qwen0.5b" else args.episodes
+        episodes = args.episodes if name == "tiny" else args.qwen_episodes
         for engine in args.engines:
             print(f"{name} / {engine}: {episodes} episodes x {args.turns} turns, {args.new_tokens} new tokens",
                   flush=True)

@@ -19,8 +19,8 @@ from pipeline.precision import NonFiniteError, Stepper
 __all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequence_logprobs"]
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                clip_ratio: float, dual_clip: float, tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_ratio: float,
+                dual_clip: float, tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L]). `tokens`: the
     number of response tokens to average over (a micro-batch's share of its minibatch's mean; default this batch's
     own count)."""

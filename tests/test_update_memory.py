@@ -1,8 +1,6 @@
 """Memory settings of the update that must not change its maths: micro-batches with gradient accumulation
 (`update.micro_batch_size`) and gradient checkpointing (`update.gradient_checkpointing`), with and without LoRA."""
 
-import copy
-
 import pytest
 import torch
 

@@ -93,9 +93,10 @@ def check_lora(model_dir: Path, lora, key: str) -> bool:
 
     adapter = is_adapter(model_dir)
     if adapter != (lora is not None):
-        raise ValueError(f"{model_dir}: the saved step-reward model is {'a LoRA adapter' if adapter else 'a whole model'}"
-                         f" but {key} is {'null' if lora is None else 'set'}; rerun from the reward_init stage "
-                         "(snakemake does so when the params change)")
+        saved = "a LoRA adapter" if adapter else "a whole model"
+        raise ValueError(f"{model_dir}: the saved step-reward model is {saved} but {key} is "
+                         f"{'null' if lora is None else 'set'}; rerun from the reward_init stage (snakemake does so "
+                         "when the params change)")
     return adapter
 
 
