@@ -4,12 +4,14 @@
 import sys
 
 from pipeline.config import ParamsError, load_params
-from pipeline.registry import deps_for, enabled_stages, final_targets, gpus_for, params_fingerprint, strip_dir
+from pipeline.runs import share_base
+from pipeline.registry import at, deps_for, enabled_stages, final_targets, gpus_for, params_fingerprint, strip_dir
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
     P = load_params(PARAMS_FILE)
-except ParamsError as e:
+    share_base(P)   # run.base: link the base run's reusable outputs before Snakemake looks for them
+except (ParamsError, FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 PY = sys.executable
 
@@ -38,8 +40,8 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
             params:
                 fingerprint=params_fingerprint(_st, P),
                 cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.it),
-            log: f"results/logs/{_st.name}_{{it}}.log"
-            benchmark: f"results/benchmarks/{_st.name}_{{it}}.tsv"
+            log: at(P, f"results/logs/{_st.name}_{{it}}.log")
+            benchmark: at(P, f"results/benchmarks/{_st.name}_{{it}}.tsv")
             threads: _st.threads
             resources: gpu=gpus_for(_st, P)
             wildcard_constraints: it=r"[1-9]\d*" if _st.first >= 1 else r"\d+"
@@ -52,8 +54,8 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
             params:
                 fingerprint=params_fingerprint(_st, P),
                 cmd=_st.command(PY, PARAMS_FILE, None),
-            log: f"results/logs/{_st.name}.log"
-            benchmark: f"results/benchmarks/{_st.name}.tsv"
+            log: at(P, f"results/logs/{_st.name}.log")
+            benchmark: at(P, f"results/benchmarks/{_st.name}.tsv")
             threads: _st.threads
             resources: gpu=gpus_for(_st, P)
             shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"

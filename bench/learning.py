@@ -167,6 +167,7 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
         colors[method] = line.get_color()
         ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
     ax.set_xlabel("iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("held-out success rate")
     ax.set_title("Learning curves: mean ± std over seeds")
     ax.grid(alpha=0.3)

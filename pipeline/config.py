@@ -198,8 +198,29 @@ class FaultsConfig(Section):
         description="share of episodes whose environment raised that the stage accepts before it fails")
 
 
+class BaseRun(Section):
+    """A finished run whose outputs this run reuses, linked on disk instead of copied or recomputed."""
+    params: str = Field(description="the base run's params file (its run.dir says where its outputs are)")
+    through: int = Field(1, ge=0, le=MAX_ITERATION, description="reuse the base's jobs of iterations 0..through "
+                         "whose params this run shares (e.g. 1: the initial policy and iteration 1's rollout and "
+                         "groups when only credit changes)")
+
+
+class RunConfig(Section):
+    dir: str = Field("results", min_length=1, description="the folder every output of this run goes under (runs "
+                     "with different dirs coexist); relative to the working directory")
+    base: BaseRun | None = Field(None, description="a run to reuse outputs of (null: none)")
+
+    @model_validator(mode="after")
+    def _plain_dir(self):
+        if Path(self.dir).name in ("", ".", "..") or "{" in self.dir:
+            raise ValueError(f"dir {self.dir!r} must name a folder (not '.', '..' or a template)")
+        return self
+
+
 class Params(Section):
     seed: int = Field(0, ge=0, lt=2**31)
+    run: RunConfig = RunConfig()
     loop: LoopConfig = LoopConfig()
     env: EnvConfig = Field(default_factory=lambda: ENV_REGISTRY[DEFAULT_ENV].config(),
                            description="the environment: its name and its own keys")

@@ -57,6 +57,16 @@ def resolve(entries: tuple[Entry, ...], params: Params) -> list[str]:
             if not isinstance(e, When) or e.cond(params)]
 
 
+RESULTS = "results"   # the templates' run folder, replaced by `run.dir`
+
+
+def at(params: Params, path: str) -> str:
+    """`path` (a template or a path under `results/`) under the run's folder `run.dir`."""
+    if path == RESULTS or path.startswith(RESULTS + "/"):
+        return params.run.dir.rstrip("/") + path[len(RESULTS):]
+    return path
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -87,7 +97,10 @@ class Stage:
         return cmd if it is None else f"{cmd} --iteration {it}"
 
     def outs_for(self, params: Params) -> list[str]:
-        return resolve(self.outs, params)
+        return [at(params, o) for o in resolve(self.outs, params)]
+
+    def deps_templates(self, params: Params) -> list[str]:
+        return [at(params, d) for d in resolve(self.deps, params)]
 
     def params_for(self, params: Params) -> list[str]:
         return resolve(self.params, params)
@@ -172,10 +185,10 @@ def params_fingerprint(stage: Stage, params: Params) -> str:
 def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
     """The stage's input paths for iteration `it`, each once (at iteration 1 the previous checkpoint is the
     initial one)."""
-    deps = resolve(stage.deps, params)
+    deps = stage.deps_templates(params)
     out = [strip_dir(fill(d, it)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
-        out.extend(strip_dir(fill(t, i)) for i in iterations(params))
+        out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params))
     return list(dict.fromkeys(out))
 
 
@@ -200,4 +213,4 @@ def gpus_for(stage: Stage, params: Params) -> int:
 
 
 def final_targets(params: Params) -> list[str]:
-    return list(REPORT) + [fill(EVAL_METRICS, i) for i in iterations(params)]
+    return [at(params, r) for r in REPORT] + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)]

@@ -29,9 +29,10 @@ class StageContext:
         print(f"[{where} {elapsed:7.1f}s] {msg}", flush=True)
 
     def path(self, template: str, it: int | None = None) -> Path:
-        from pipeline.registry import fill, strip_dir
+        from pipeline.registry import at, fill, strip_dir
 
         it = self.iteration if it is None else it
+        template = at(self.params, template)
         return Path(strip_dir(fill(template, it) if it is not None else template))
 
 

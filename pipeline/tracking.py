@@ -86,7 +86,7 @@ class Tracker:
         self.parent_id = None
         self.run_name = run_name
         self.tags = tags or {}
-        self.metrics_file = (metrics_dir or self.root / "results" / "metrics") / (
+        self.metrics_file = (metrics_dir or self.root / params.run.dir / "metrics") / (
             f"{stage}.jsonl" if iteration is None else f"{stage}_{iteration}.jsonl")
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
         self.metrics_file.write_text("")
@@ -148,19 +148,28 @@ class Tracker:
             if found:
                 parent = found[0].info.run_id
             else:
-                run = client.create_run(exp_id, run_name=f"{driver} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                run = client.create_run(exp_id, run_name=f"{self._run_label()} {driver} "
+                                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}",
                                         tags={INVOCATION_TAG: key, "creditrl.driver": driver, "creditrl.role": "parent",
-                                              "creditrl.method": self.params.credit.method})
+                                              **self._run_tags()})
                 parent = run.info.run_id
                 self._log_params(client, parent)
         name = self.run_name or (self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]")
         tags = {"mlflow.parentRunId": parent, "creditrl.stage": self.stage, INVOCATION_TAG: key,
-                "creditrl.role": "stage", **self.tags}
+                "creditrl.role": "stage", **self._run_tags(), **self.tags}
         if self.iteration is not None:
             tags["creditrl.iteration"] = str(self.iteration)
         child = client.create_run(exp_id, run_name=name, tags=tags)
         self._log_params(client, child.info.run_id)
         self.client, self.run_id, self.parent_id = client, child.info.run_id, parent
+
+    def _run_tags(self) -> dict[str, str]:
+        """What tells runs apart in MLflow: the run folder, the credit method and the seed."""
+        return {"creditrl.run_dir": str((self.root / self.params.run.dir).resolve()),
+                "creditrl.method": self.params.credit.method, "creditrl.seed": str(self.params.seed)}
+
+    def _run_label(self) -> str:
+        return f"{self.params.run.dir} {self.params.credit.method} s{self.params.seed}"
 
     def _log_params(self, client, run_id: str) -> None:
         from mlflow.entities import Param
@@ -234,7 +243,7 @@ def sync(params: Params, root: Path | None = None) -> int:
     from mlflow.entities import Metric
 
     root = root or repo_root()
-    markers = sorted((root / "results" / "metrics").glob("*.unsynced"))
+    markers = sorted((root / params.run.dir / "metrics").glob("*.unsynced"))
     if not markers:
         return 0
     client = MlflowClient(tracking_uri=tracking_uri(params, root))

@@ -21,7 +21,7 @@ from pipeline.warmstart import demonstrations, supervised_warmstart, tokenizer_c
 def main(argv=None) -> None:
     ctx = parse_args("init", per_iteration=False, argv=argv)
     p = ctx.params
-    out = strip_dir(STAGE_BY_NAME["init"].outs[0])
+    out = strip_dir(STAGE_BY_NAME["init"].outs_for(p)[0])
     with stage_errors(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
             ctx.log(f"loading local model folder {p.policy.path}")

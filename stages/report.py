@@ -9,7 +9,7 @@ import json
 
 import polars as pl
 
-from pipeline.registry import EVAL_METRICS, REPORT, fill, iterations
+from pipeline.registry import EVAL_METRICS, REPORT, at, fill, iterations
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import atomic_file, write_text_atomic
 from pipeline.tracking import Tracker
@@ -18,7 +18,7 @@ from pipeline.tracking import Tracker
 def load_curve(p) -> pl.DataFrame:
     rows = []
     for it in iterations(p):
-        path = fill(EVAL_METRICS, it)
+        path = fill(at(p, EVAL_METRICS), it)
         try:
             rows.append(json.loads(open(path).read()))
         except FileNotFoundError:

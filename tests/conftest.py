@@ -64,8 +64,10 @@ METHODS = tuple(m for m in METHOD_REGISTRY if m != "grpo")   # each continues th
 JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
 
 
-def planned_jobs(d) -> set[str]:
-    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p"], cwd=d, capture_output=True, text=True, timeout=300)
+def planned_jobs(d, params: str | None = None) -> set[str]:
+    config = ["--config", f"params={params}"] if params else []
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p", *config], cwd=d, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return {name if it is None or it == "" else f"{name}@{it}" for name, it in JOB.findall(r.stdout + r.stderr)}
 

@@ -1,0 +1,419 @@
+"""One comparison report of finished runs: learning, credit quality and cost, side by side, in one HTML page.
+
+    python -m bench.compare params.yaml gigpo.yaml --out results/compare   # two runs of this checkout (run.dir)
+    python -m bench.compare W/grpo_s0 W/gigpo_s0 W/grpo_s1 W/gigpo_s1 --out results/compare
+    python -m bench.compare RUN... --out DIR --no-mlflow
+
+Each RUN is a run's params file (its `run.dir` says where its outputs are), or a folder holding the
+`params.yaml` a run ran with and its outputs. Runs are
+grouped by `credit.method` (`--group-by KEY` takes another params key) and told apart by `seed`, so several seeds
+of a group give a mean and a spread. The
+page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
+
+- the held-out success curves, mean ± std over seeds, and each method minus GRPO on the same seed;
+- per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
+  term for separating good from bad turns, credit-assignment.md, Oracle credit) and the share of turns with a step
+  signal, where the environment has an oracle;
+- the step-group size distribution (share of turns by the size of their anchor group);
+- histograms of the episode term and the step term of the advantages;
+- the time each stage took (Snakemake's benchmark files).
+
+The tables behind the plots are written beside it (compare_*.csv). The report is logged to MLflow (experiment
+`creditrl-bench`) as a parent run with one child run per compared run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pipeline.config import load_params
+from pipeline.tables import ADVANTAGES, GROUPS, read_table, write_text_atomic
+
+SIZE_BINS = (("singleton", 1, 1), ("2-5", 2, 5), ("6-9", 6, 9), ("10+", 10, None))
+
+
+def _short(value) -> str:
+    """A group's name from a params value: strings as they are, a section as `key=value` pairs."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_short(v)}" for k, v in value.items())
+    return json.dumps(value)
+
+
+class Run:
+    """A finished run: its folder, params and results folder. `method` is the value of the params key the runs are
+    grouped by (`credit.method` by default), `label` the folder's name."""
+
+    def __init__(self, path: Path, group_by: str = "credit.method"):
+        path = Path(path)
+        params_file = path if path.is_file() else path / "params.yaml"
+        if not params_file.is_file():
+            raise FileNotFoundError(f"{path}: no params.yaml; give a run's params file, or a folder holding the "
+                                    "params.yaml its stages ran with")
+        self.folder = params_file.parent
+        self.params = load_params(params_file)
+        self.results = self.folder / self.params.run.dir
+        if not (self.results / "iter_0" / "eval_metrics.json").is_file():
+            raise FileNotFoundError(f"{self.results}: no iter_0/eval_metrics.json; run the workflow there first")
+        from pipeline.registry import param_value
+
+        try:
+            value = param_value(self.params, group_by)
+        except (KeyError, TypeError):
+            raise ValueError(f"--group-by {group_by}: not a key of {params_file}") from None
+        self.method = _short(value)
+        self.seed = self.params.seed
+        self.label = self.params.run.dir if path.is_file() else self.folder.name
+
+    def iterations(self) -> list[int]:
+        return sorted(int(p.parent.name.split("_")[1]) for p in self.results.glob("iter_*/eval_metrics.json"))
+
+
+def curves(runs: list[Run]) -> pl.DataFrame:
+    rows = [{"method": r.method, "seed": r.seed, "run": r.label, "iteration": it,
+             "success_rate": json.loads((r.results / f"iter_{it}" / "eval_metrics.json").read_text())["success_rate"]}
+            for r in runs for it in r.iterations()]
+    return pl.DataFrame(rows)
+
+
+def credit(runs: list[Run]) -> pl.DataFrame | None:
+    """Oracle credit quality per run and iteration (`bench.credit_quality.run_credit`); None when the environment
+    has no oracle."""
+    from bench.credit_quality import run_credit
+    from pipeline.envs.base import has, make_env
+
+    if not all(has(make_env(r.params.env), "oracle_distance") for r in runs):
+        return None
+    return pl.concat([run_credit(r.results, r.params).with_columns(
+        pl.lit(r.method).alias("method"), pl.lit(r.seed).alias("seed"), pl.lit(r.label).alias("run"))
+        for r in runs], how="diagonal_relaxed")
+
+
+def terms(runs: list[Run]) -> pl.DataFrame:
+    """Every turn's episode term, step term and step-group size, over all iterations of each run."""
+    frames = []
+    for r in runs:
+        for d in sorted(r.results.glob("iter_*")):
+            if not (d / "advantages.parquet").is_file():
+                continue
+            adv = read_table(d / "advantages.parquet", ADVANTAGES)
+            groups = read_table(d / "groups.parquet", GROUPS).select("episode_id", "step", "step_group_size")
+            frames.append(adv.join(groups, on=["episode_id", "step"]).select(
+                "episode_advantage", "step_advantage", "step_group_size").with_columns(
+                pl.lit(r.method).alias("method"), pl.lit(r.label).alias("run"),
+                pl.lit(int(d.name.split("_")[1])).alias("iteration")))
+    return pl.concat(frames)
+
+
+def times(runs: list[Run]) -> pl.DataFrame:
+    from bench.breakdown import collect
+
+    return pl.concat([collect(r.results).with_columns(pl.lit(r.method).alias("method"), pl.lit(r.label).alias("run"))
+                      for r in runs])
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _colors(methods: list[str]) -> dict[str, str]:
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(methods)}
+
+
+def plot_credit(cr: pl.DataFrame, colors) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=110)
+    agg = cr.group_by("method", "iteration").agg(
+        *[e for k in ("auc", "auc_step_term", "share_nonzero_step_signal")
+          for e in (pl.col(k).mean().alias(k), pl.col(k).std().fill_null(0.0).alias(k + "_sd"))]).sort("iteration")
+    for ax, k, title in ((axes[0], "auc", "advantage"), (axes[1], "auc_step_term", "step term"),
+                         (axes[2], "share_nonzero_step_signal", "turns with a step signal")):
+        for m, c in colors.items():
+            d = agg.filter(pl.col("method") == m)
+            y = d[k].to_numpy().astype(float)
+            if np.isnan(y).all():
+                continue
+            x, s = d["iteration"].to_numpy(), d[k + "_sd"].to_numpy()
+            ax.plot(x, y, marker="o", color=c, label=m)
+            ax.fill_between(x, y - s, y + s, color=c, alpha=0.12)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if k != "share_nonzero_step_signal":
+            ax.axhline(0.5, color="black", lw=0.8, ls=":")
+            ax.set_ylabel("oracle ROC-AUC (0.5: chance)")
+        else:
+            ax.set_ylabel("share of turns")
+        ax.set_title(f"Oracle credit: {title}")
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_group_sizes(t: pl.DataFrame, colors) -> str:
+    import matplotlib.pyplot as plt
+
+    shares = {}
+    for m in colors:
+        sizes = t.filter(pl.col("method") == m)["step_group_size"].to_numpy()
+        shares[m] = [float(((sizes >= lo) & ((sizes <= hi) if hi else True)).mean()) if len(sizes) else 0.0
+                     for _, lo, hi in SIZE_BINS]
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    width = 0.8 / len(colors)
+    for i, (m, c) in enumerate(colors.items()):
+        xs = [b + (i - (len(colors) - 1) / 2) * width for b in range(len(SIZE_BINS))]
+        ax.bar(xs, shares[m], width, color=c, label=m)
+    ax.set_xticks(range(len(SIZE_BINS)), [f"{name} turns" for name, _, _ in SIZE_BINS])
+    ax.set_ylabel("share of turns")
+    ax.set_title("Step-group sizes: turns by the size of their anchor group")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_terms(t: pl.DataFrame, colors) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.8), dpi=110)
+    for ax, col, title in ((axes[0], "episode_advantage", "Episode term A^E"),
+                           (axes[1], "step_advantage", "Step term (turns with one)")):
+        values = {m: t.filter(pl.col("method") == m)[col].to_numpy() for m in colors}
+        if col == "step_advantage":
+            values = {m: v[v != 0] for m, v in values.items()}
+        nonempty = [v for v in values.values() if len(v)]
+        if not nonempty:
+            ax.text(0.5, 0.5, "no method here has a step term", ha="center", va="center", transform=ax.transAxes)
+        else:
+            lo, hi = np.percentile(np.concatenate(nonempty), [0.5, 99.5])
+            bins = np.linspace(lo, hi if hi > lo else lo + 1, 41)
+            for m, v in values.items():
+                if len(v):
+                    ax.hist(np.clip(v, bins[0], bins[-1]), bins=bins, histtype="step", lw=1.5, density=True,
+                            color=colors[m], label=f"{m} ({len(v):,} turns)")
+            ax.legend(fontsize=8)
+        ax.set_title(title)
+        ax.set_xlabel("value")
+        ax.set_ylabel("density")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_times(tm: pl.DataFrame, colors) -> str:
+    import matplotlib.pyplot as plt
+
+    per = tm.group_by("method", "run", "stage").agg(pl.col("wall_s").sum()).group_by("method", "stage").agg(
+        pl.col("wall_s").mean())
+    stages = [s for s in ("init", "reward_init", "rollout", "group", "fit", "advantages", "update", "evaluate",
+                          "report") if s in per["stage"].to_list()]
+    fig, ax = plt.subplots(figsize=(8, 3.8), dpi=110)
+    width = 0.8 / len(colors)
+    for i, (m, c) in enumerate(colors.items()):
+        d = {r["stage"]: r["wall_s"] for r in per.filter(pl.col("method") == m).iter_rows(named=True)}
+        xs = [k + (i - (len(colors) - 1) / 2) * width for k in range(len(stages))]
+        ax.bar(xs, [d.get(s, 0.0) for s in stages], width, color=c, label=m)
+    ax.set_xticks(range(len(stages)), stages, rotation=20)
+    ax.set_ylabel("wall seconds per run (all iterations)")
+    ax.set_title("Where each run's time went")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_curves(cv: pl.DataFrame) -> str:
+    import tempfile
+
+    from bench.learning import plot
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "curves.png"
+        plot(cv.select("method", "seed", "iteration", "success_rate"), path)
+        return base64.b64encode(path.read_bytes()).decode()
+
+
+def _table(df: pl.DataFrame) -> str:
+    def cell(v):
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        return f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in df.iter_rows())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em;display:block;overflow-x:auto}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:0.5em 0}
+figure{margin:1.5em 0}figcaption{color:#555;font-size:0.9em}.note{color:#555}"""
+
+# Counts the plots that rendered once the page has loaded (read by the test in headless Chromium).
+RENDER_CHECK = """<script>window.addEventListener('load', () => { const imgs = [...document.images];
+document.body.dataset.plots = imgs.length;
+document.body.dataset.plotsRendered = imgs.filter(i => i.complete && i.naturalWidth > 0).length; });</script>"""
+
+
+SUMMARY_HEADERS = {"method": "group", "seeds": "seeds", "final_mean": "final success", "final_std": "± (final)",
+                   "auc_mean": "mean over iterations", "auc_std": "± (mean)", "gain_mean": "gain over iteration 0",
+                   "gain_std": "± (gain)", "oracle_auc_advantage": "advantage's oracle AUC",
+                   "oracle_auc_step_term": "step term's oracle AUC",
+                   "share_nonzero_step_signal": "turns with a step signal",
+                   "final_minus_grpo_mean": "final minus GRPO (same seed)", "final_minus_grpo_std": "± (vs GRPO)"}
+
+
+def _readable(df: pl.DataFrame) -> pl.DataFrame:
+    keep = [c for c in SUMMARY_HEADERS if c in df.columns]
+    return df.select(keep).rename({c: SUMMARY_HEADERS[c] for c in keep})
+
+
+def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list[tuple[str, str, str]]) -> str:
+    listing = pl.DataFrame([{"run": r.label, "group": r.method, "seed": r.seed, "iterations": max(r.iterations()),
+                             "env": r.params.env.name, "outputs": str(r.results.resolve())} for r in runs])
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>creditrl: comparison of {len(runs)} runs"
+             f"</title><style>{STYLE}</style></head><body>",
+             f"<h1>Comparison of {len(runs)} runs</h1>", "<h2>Runs</h2>", _table(listing),
+             "<h2>Summary per group</h2>",
+             "<p class='note'>Mean and standard deviation over seeds: held-out success at the last iteration, the "
+             "mean over iterations (area under the curve) and the gain over iteration 0; with an oracle, the mean "
+             "ROC-AUC of each method's advantage and step term on its own runs.</p>", _table(_readable(summary))]
+    if vs.height:
+        parts += ["<p class='note'>Final success minus GRPO's on the same seed:</p>", _table(_readable(vs))]
+    for title, caption, b64 in figures:
+        parts.append(f"<figure><h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+                     f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.append(RENDER_CHECK + "</body></html>")
+    return "\n".join(parts)
+
+
+def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from bench.learning import summarise
+
+    runs = [Run(f, group_by) for f in folders]
+    for r in runs:          # folders of the same name (W/s0/grpo, W/s1/grpo): their parent tells them apart
+        if sum(x.label == r.label for x in runs) > 1:
+            r.label = f"{r.folder.parent.name}/{r.folder.name}"
+    pairs = [(r.method, r.seed) for r in runs]
+    if len(set(pairs)) != len(pairs):
+        dup = sorted({f"{m} (seed {s})" for m, s in pairs if pairs.count((m, s)) > 1})
+        raise ValueError(f"several runs of {', '.join(dup)} by {group_by}; a group holds one run per seed (group by "
+                         "the key that differs between them with --group-by)")
+    cv = curves(runs)
+    cr = credit(runs)
+    t = terms(runs)
+    tm = times(runs)
+    summary, vs = summarise(cv, cr)
+    colors = _colors(list(dict.fromkeys(r.method for r in runs)))
+    figures = [("Held-out success", "Left: mean ± std over seeds per method. Right (with GRPO among the runs): each "
+                "method's success minus GRPO's on the same seed.", plot_curves(cv))]
+    if cr is not None:
+        figures.append(("Credit quality against the oracle", "Per iteration, mean ± std over seeds: how well each "
+                        "run's advantages (left) and step terms (middle) separate the turns that brought the goal "
+                        "closer from those that did not, and the share of turns with a non-zero step term.",
+                        plot_credit(cr, colors)))
+    figures += [("Step groups", "Share of each method's turns whose anchor state is shared by that many turns of "
+                 "its task group (GiGPO's step groups; singletons get no step credit).", plot_group_sizes(t, colors)),
+                ("Advantage terms", "Distribution of the episode term and of the non-zero step terms over all "
+                 "turns of all iterations.", plot_terms(t, colors)),
+                ("Time", "Wall time of each stage, summed over the run's iterations, mean over seeds.",
+                 plot_times(tm, colors))]
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "compare_curves.csv", cv.write_csv())
+    write_text_atomic(out / "compare_summary.csv", summary.write_csv())
+    if cr is not None:
+        write_text_atomic(out / "compare_credit.csv", cr.write_csv())
+    write_text_atomic(out / "compare_times.csv", tm.write_csv())
+    report = out / "report.html"
+    write_text_atomic(report, page(runs, summary, vs, figures))
+    return report, summary
+
+
+def log_mlflow(folders: list[Path], report: Path, summary: pl.DataFrame, cv: pl.DataFrame,
+               group_by: str = "credit.method") -> str | None:
+    """A parent run holding the page, with one child run per compared run (its folder, method, seed, curve)."""
+    import os
+    import time
+    import warnings
+
+    from bench import EXPERIMENT
+
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, Param
+
+        root = Path(os.environ.get("CREDITRL_ROOT", Path.cwd())).resolve()
+        uri = os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        exp_id = exp.experiment_id if exp else client.create_experiment(
+            EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
+        parent = client.create_run(exp_id, run_name=f"compare {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                                   tags={"creditrl.bench": "compare"}).info.run_id
+        ts = int(time.time() * 1000)
+        client.log_batch(parent, metrics=[Metric(f"{r['method']}/final_mean", float(r["final_mean"]), ts, 0)
+                                          for r in summary.iter_rows(named=True)])
+        client.log_artifact(parent, str(report))
+        for f in folders:
+            r = Run(f, group_by)
+            child = client.create_run(exp_id, run_name=r.label, tags={
+                "mlflow.parentRunId": parent, "creditrl.run_dir": str(r.results.resolve()),
+                "creditrl.method": r.params.credit.method, "creditrl.seed": str(r.seed)}).info.run_id
+            d = cv.filter(pl.col("method") == r.method, pl.col("seed") == r.seed)
+            client.log_batch(child, params=[Param("run_dir", str(r.results.resolve())), Param("method", r.method),
+                                            Param("seed", str(r.seed))],
+                             metrics=[Metric("eval/success_rate", float(x["success_rate"]), ts, int(x["iteration"]))
+                                      for x in d.iter_rows(named=True)])
+            client.set_terminated(child)
+        client.set_terminated(parent)
+        return parent
+    except Exception as e:  # noqa: BLE001 - tracking must never fail a report
+        warnings.warn(f"MLflow unavailable for the comparison ({type(e).__name__}: {e}); the report is on disk",
+                      stacklevel=2)
+        return None
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="runs: params files, or folders holding params.yaml")
+    ap.add_argument("--out", type=Path, default=Path("results/compare"))
+    ap.add_argument("--group-by", default="credit.method", help="the params key whose value groups the runs (seeds "
+                    "of one group give its spread), e.g. policy.lora to compare LoRA with full fine-tuning")
+    ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
+    args = ap.parse_args(argv)
+    try:
+        report, summary = build(args.runs, args.out, args.group_by)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=3):
+        print(summary)
+    if not args.no_mlflow:
+        log_mlflow(args.runs, report, summary, pl.read_csv(args.out / "compare_curves.csv"), args.group_by)
+    print(f"wrote {report}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The comparison report (`python -m bench.compare`): one self-contained page over finished runs, its tables, its
+MLflow runs, and every plot rendered in a real browser (headless Chromium)."""
+
+import re
+import shutil
+import subprocess
+
+import polars as pl
+import pytest
+
+from bench import compare
+
+pytestmark = pytest.mark.e2e
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def rendered_dom(page, profile):
+    """The page's DOM after load in headless Chromium (the flags this machine needs: no network, no sandbox)."""
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def report(grpo_run, method_runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    runs = [grpo_run, method_runs[0]["gigpo"], method_runs[0]["oprl"]]
+    path, summary = compare.build(runs, out)
+    return path, summary, out, runs
+
+
+def test_the_report_summarises_each_method_from_its_own_files(report):
+    path, summary, out, runs = report
+    curves = pl.read_csv(out / "compare_curves.csv")
+    assert sorted(summary["method"].to_list()) == ["gigpo", "grpo", "oprl"]
+    for run in runs:
+        name = compare.Run(run).method
+        final = pl.read_csv(run / "results/report/success_curve.csv").filter(pl.col("iteration") == 2)
+        row = summary.filter(pl.col("method") == name)
+        assert row["final_mean"][0] == pytest.approx(final["success_rate"][0])
+        assert curves.filter(pl.col("method") == name).height == 3          # iterations 0, 1, 2
+    credit = pl.read_csv(out / "compare_credit.csv")
+    # GRPO has no step term; GiGPO's anchor groups give most turns one
+    assert credit.filter(pl.col("method") == "grpo")["share_nonzero_step_signal"].max() == 0.0
+    assert sorted(credit["iteration"].unique().to_list()) == [1, 2]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="scripts/install-chromium installs Debian's chromium (CI does)")
+def test_every_plot_of_the_page_renders_in_chromium(report, tmp_path):
+    path, *_ = report
+    text = path.read_text()
+    assert "<script src" not in text and "http" not in text.split("<body>")[0]     # self-contained
+    dom = rendered_dom(path, tmp_path / "profile")
+    plots = re.search(r'data-plots="(\d+)"', dom)
+    rendered = re.search(r'data-plots-rendered="(\d+)"', dom)
+    assert plots and rendered, "the page's load handler did not run"
+    assert int(plots.group(1)) == 5 == int(rendered.group(1))   # success, credit, groups, terms, time
+    for title in ("Held-out success", "Credit quality against the oracle", "Step groups", "Advantage terms", "Time"):
+        assert f"<h2>{title}</h2>" in dom
+
+
+def test_runs_of_one_group_and_seed_are_refused(grpo_run, tmp_path):
+    with pytest.raises(ValueError, match=r"several runs of grpo \(seed 3\) by credit.method"):
+        compare.build([grpo_run, grpo_run], tmp_path)
+    with pytest.raises(FileNotFoundError, match="no params.yaml"):
+        compare.build([tmp_path], tmp_path / "out")

@@ -1,0 +1,93 @@
+"""Runs side by side (`run.dir`, `run.base`): a second run in its own folder reuses the base run's initial policy
+and first rollout by linking them, computes only what its params change, leaves the base untouched, and is told
+apart in MLflow by its folder, method and seed."""
+
+import hashlib
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import SNAKEMAKE, planned_jobs, snakemake_failure
+
+pytestmark = pytest.mark.e2e
+
+
+def digest(folder):
+    """Hash of every file under `folder` (contents and names), following no links."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink() and "logs" not in p.parts:
+            h.update(str(p.relative_to(folder)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def side_by_side(grpo_run, tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    shutil.copytree(grpo_run, d, dirs_exist_ok=True, symlinks=True)
+    base_digest = digest(d / "results")
+    params = yaml.safe_load((d / "params.yaml").read_text())
+    params["run"] = {"dir": "runs/gigpo", "base": {"params": "params.yaml", "through": 1}}
+    params["credit"] = {"method": "gigpo"}
+    (d / "gigpo.yaml").write_text(yaml.safe_dump(params))
+    plan = planned_jobs(d, "gigpo.yaml")
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet", "--config", "params=gigpo.yaml"], cwd=d,
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail(snakemake_failure(d, r))
+    return d, plan, base_digest
+
+
+def test_the_second_run_plans_only_what_its_method_changes(side_by_side):
+    _, plan, _ = side_by_side
+    assert plan == {"advantages@1", "update@1", "rollout@2", "group@2", "advantages@2", "update@2", "evaluate@1",
+                    "evaluate@2", "report"}
+
+
+def test_reused_outputs_are_links_into_the_base_and_the_base_is_untouched(side_by_side):
+    d, _, base_digest = side_by_side
+    steps = d / "runs/gigpo/iter_1/steps.parquet"
+    assert steps.is_symlink() and steps.resolve() == (d / "results/iter_1/steps.parquet").resolve()
+    ck = d / "runs/gigpo/iter_0/checkpoint"
+    assert ck.is_dir() and not ck.is_symlink() and all(f.is_symlink() for f in ck.iterdir())
+    own = d / "runs/gigpo/iter_1/advantages.parquet"
+    assert own.is_file() and not own.is_symlink()
+    assert (d / "runs/gigpo/report/success_curve.csv").is_file()
+    assert digest(d / "results") == base_digest
+    # the base is still complete and up to date for its own params
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n"], cwd=d, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr
+
+
+def test_mlflow_names_and_tags_carry_the_run_folder_method_and_seed(side_by_side):
+    from mlflow import MlflowClient
+
+    d, _, _ = side_by_side
+    client = MlflowClient(tracking_uri=f"sqlite:///{d / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("creditrl")
+    folder = str((d / "runs/gigpo").resolve())
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`creditrl.run_dir` = '{folder}'")
+    parents = [x for x in runs if x.data.tags["creditrl.role"] == "parent"]
+    stages = [x for x in runs if x.data.tags["creditrl.role"] == "stage"]
+    assert len(parents) == 1 and parents[0].info.run_name.startswith("runs/gigpo gigpo s3 snakemake")
+    assert {x.info.run_name for x in stages} >= {"advantages[1]", "update[2]", "evaluate[2]", "report"}
+    assert all(x.data.tags["creditrl.method"] == "gigpo" and x.data.tags["creditrl.seed"] == "3" for x in runs)
+
+
+def test_the_two_runs_compare_in_one_report(side_by_side, tmp_path):
+    """Both runs by their params files: the shared initial policy scores the same for both, since the second run's
+    evaluation of iteration 0 is the base's."""
+    import polars as pl
+
+    from bench import compare
+
+    d, _, _ = side_by_side
+    report, summary = compare.build([d / "params.yaml", d / "gigpo.yaml"], tmp_path)
+    assert sorted(summary["method"].to_list()) == ["gigpo", "grpo"] and report.is_file()
+    curves = pl.read_csv(tmp_path / "compare_curves.csv")
+    assert set(curves["run"].to_list()) == {"results", "runs/gigpo"}
+    at0 = curves.filter(pl.col("iteration") == 0).sort("run")["success_rate"].to_list()
+    assert at0[0] == at0[1]
