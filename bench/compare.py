@@ -86,9 +86,9 @@ def curves(runs: list[Run]) -> pl.DataFrame:
 
 
 def credit(runs: list[Run]) -> pl.DataFrame | None:
-    """Oracle credit quality per run and iteration (`bench.credit_quality.run_credit`); None when the environment
+    """Oracle credit quality per run and iteration (`pipeline.oracle.run_credit`); None when the environment
     has no oracle."""
-    from bench.credit_quality import run_credit
+    from pipeline.oracle import run_credit
     from pipeline.envs.base import has, make_env
 
     if not all(has(make_env(r.params.env), "oracle_distance") for r in runs):

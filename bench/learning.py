@@ -107,8 +107,8 @@ def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
 
 
 def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
-    """The oracle credit quality of every run's own advantages, per iteration (`bench.credit_quality.run_credit`)."""
-    from bench.credit_quality import run_credit
+    """The oracle credit quality of every run's own advantages, per iteration (`pipeline.oracle.run_credit`)."""
+    from pipeline.oracle import run_credit
 
     frames = [run_credit(work / f"{m}_s{s}" / "results", load_params(work / f"{m}_s{s}" / "params.yaml"))
               .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")) for m in methods for s in seeds]

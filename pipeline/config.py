@@ -179,6 +179,13 @@ class TrackingConfig(Section):
     experiment: str = "creditrl"
 
 
+class ReportConfig(Section):
+    credit_oracle: bool = Field(True, description="score the run's own advantages against the environment's oracle "
+                                "(ROC-AUC, credit-assignment.md: Oracle credit) in results/report/metrics.json; the "
+                                "report then replays every training episode (slow where the oracle plans, as "
+                                "ALFWorld's does); environments without an oracle skip it")
+
+
 class RuntimeConfig(Section):
     torch_threads: int = Field(0, ge=0, description="threads of torch, BLAS and polars in every stage, however it is "
                                "started; 0: the cores Snakemake gives the job, else all cores")
@@ -231,6 +238,7 @@ class Params(Section):
     credit: CreditConfig = CreditConfig()
     update: UpdateConfig = UpdateConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    report: ReportConfig = ReportConfig()
     tracking: TrackingConfig = TrackingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     faults: FaultsConfig = FaultsConfig()

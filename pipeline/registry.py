@@ -32,6 +32,7 @@ EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
 REPORT_DIR = "results/report"
 REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
+REPORT_METRICS = REPORT_DIR + "/metrics.json"   # the run's final success and credit quality (DVC metrics)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class When:
 
 def needs_fit(p: Params) -> bool:
     return p.credit.needs_fit
+
+
+def credit_oracle(p: Params) -> bool:
+    return p.report.credit_oracle
 
 
 def method_is(name: str) -> Callable[[Params], bool]:
@@ -75,6 +80,9 @@ class Stage:
     outs: tuple[Entry, ...]
     params: tuple[Entry, ...]  # params.yaml sections or dotted keys whose change reruns it
     deps_all: tuple[str, ...] = ()  # templates expanded over every iteration 0..N
+    deps_trained: tuple[Entry, ...] = ()  # templates expanded over the RL iterations 1..N
+    metrics: tuple[str, ...] = ()   # outputs DVC shows as metrics (`dvc exp show`), not cached
+    plots: tuple[str, ...] = ()     # outputs DVC draws as plots (`dvc plots show`), not cached
     # cores Snakemake gives the job. init, fit and update are alone on the critical path and take 2; rollout of
     # i+1 and evaluate of i run side by side, 1 each
     threads: int = 1
@@ -97,7 +105,8 @@ class Stage:
         return cmd if it is None else f"{cmd} --iteration {it}"
 
     def outs_for(self, params: Params) -> list[str]:
-        return [at(params, o) for o in resolve(self.outs, params)]
+        """Every output: the cached ones, then the metrics and plots files."""
+        return [at(params, o) for o in (*resolve(self.outs, params), *self.metrics, *self.plots)]
 
     def deps_templates(self, params: Params) -> list[str]:
         return [at(params, d) for d in resolve(self.deps, params)]
@@ -143,7 +152,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm", "evaluate"),
           loads_model=True),
-    Stage("report", None, deps=(), outs=REPORT, params=(), deps_all=(EVAL_METRICS,)),
+    # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
+    Stage("report", None, deps=(), outs=(REPORT[1],), params=("report", When("env", credit_oracle)),
+          deps_all=(EVAL_METRICS,), metrics=(REPORT_METRICS,), plots=(REPORT[0],),
+          deps_trained=tuple(When(t, credit_oracle) for t in (STEPS, GROUPS, ADVANTAGES))),
 )
 
 STAGE_BY_NAME = {s.name: s for s in STAGES}
@@ -189,6 +201,8 @@ def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
     out = [strip_dir(fill(d, it)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
         out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params))
+    for t in resolve(stage.deps_trained, params):
+        out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params) if i >= 1)
     return list(dict.fromkeys(out))
 
 
@@ -213,4 +227,5 @@ def gpus_for(stage: Stage, params: Params) -> int:
 
 
 def final_targets(params: Params) -> list[str]:
-    return [at(params, r) for r in REPORT] + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)]
+    return ([at(params, r) for r in (*REPORT, REPORT_METRICS)]
+            + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)])

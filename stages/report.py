@@ -9,7 +9,7 @@ import json
 
 import polars as pl
 
-from pipeline.registry import EVAL_METRICS, REPORT, at, fill, iterations
+from pipeline.registry import EVAL_METRICS, ITER_DIR, REPORT, REPORT_METRICS, at, fill, iterations
 from pipeline.stagekit import parse_args, stage_errors
 from pipeline.tables import atomic_file, write_text_atomic
 from pipeline.tracking import Tracker
@@ -52,6 +52,27 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
     plt.close(fig)
 
 
+def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:
+    """The run in a few numbers (`results/report/metrics.json`, DVC's metrics): held-out success at the last
+    iteration, its best, its mean over iterations and its gain over iteration 0; with `report.credit_oracle` and an
+    environment oracle, the mean over iterations 1..N of the oracle ROC-AUC of the advantages the run trained on, of
+    their step term, and the share of turns with a step signal (`pipeline.oracle`)."""
+    from pipeline.envs.base import has, make_env
+
+    s = curve["success_rate"]
+    out = {"iterations": int(curve["iteration"].max()), "success_final": float(s[-1]), "success_best": float(s.max()),
+           "success_mean": float(s.mean()), "success_gain": float(s[-1] - s[0])}
+    if p.report.credit_oracle and has(make_env(p.env), "oracle_distance"):
+        from pipeline.oracle import run_credit
+
+        cr = run_credit(results, p).filter(pl.col("iteration") <= p.loop.iterations)
+        for key, col in (("credit_auc", "auc"), ("credit_auc_step_term", "auc_step_term"),
+                         ("credit_step_signal", "share_nonzero_step_signal")):
+            value = cr[col].fill_nan(None).mean()
+            out[key] = None if value is None else float(value)   # None: no turn both good and bad to rank
+    return out
+
+
 def main(argv=None) -> None:
     ctx = parse_args("report", per_iteration=False, argv=argv)
     p = ctx.params
@@ -62,11 +83,16 @@ def main(argv=None) -> None:
         write_text_atomic(csv_path, curve.write_csv())
         first, last = curve["success_rate"][0], curve["success_rate"][-1]
         plot_curve(curve, png_path, f"{p.env.name}, {p.credit.method}: {first:.2f} -> {last:.2f}")
-        tracker.log_metrics({"report/success_first": first, "report/success_last": last})
+        metrics = run_metrics(p, curve, ctx.path(ITER_DIR, 0).parent)
+        write_text_atomic(ctx.path(REPORT_METRICS), json.dumps(metrics, indent=2) + "\n")
+        tracker.log_metrics({"report/success_first": first, "report/success_last": last}
+                            | {f"report/{k}": v for k, v in metrics.items() if v is not None})
         tracker.log_artifact(csv_path, parent=True)
         tracker.log_artifact(png_path, parent=True)
         tracker.finish("FINISHED", end_parent=True)
-        ctx.log(f"wrote {csv_path} and {png_path}: success {first:.3f} at iteration 0, {last:.3f} at the last")
+        ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(REPORT_METRICS)}: success {first:.3f} at iteration 0, "
+                f"{last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
+                                                      if "credit" in k and v is not None))
         print(curve)
 
 

@@ -25,7 +25,13 @@ def test_generated_stages_cover_registry_and_iterations():
     assert list(doc["evaluate"]["foreach"]) == list(range(0, p.loop.iterations + 1))
     assert "results/iter_${item.prev}/checkpoint" in doc["update"]["do"]["deps"]
     assert doc["advantages"]["do"]["params"] == ["credit"]
-    assert len(doc["report"]["deps"]) == 2 + p.loop.iterations + 1
+    # code, every iteration's evaluation, and (report.credit_oracle) the tables of the RL iterations it scores
+    assert len(doc["report"]["deps"]) == 2 + p.loop.iterations + 1 + 3 * p.loop.iterations
+    assert doc["report"]["metrics"] == [{"results/report/metrics.json": {"cache": False}}]
+    assert doc["report"]["plots"] == [{"results/report/success_curve.csv": {"cache": False, "x": "iteration",
+                                                                            "y": "success_rate"}}]
+    off = p.model_copy(update={"report": p.report.model_copy(update={"credit_oracle": False})})
+    assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == 2 + p.loop.iterations + 1
 
 
 def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():

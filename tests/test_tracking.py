@@ -22,8 +22,10 @@ def test_metrics_logged_during_the_background_start_reach_child_and_parent(tmp_p
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name(p.tracking.experiment)
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"update[3]", "evaluate[3]", next(n for n in runs if n.startswith("env "))}
-    parent = next(r for n, r in runs.items() if n.startswith("env "))
+    # the parent's name says which run folder, method and seed it is, then the driver (here the env override)
+    assert set(runs) == {"update[3]", "evaluate[3]", next(n for n in runs if n.startswith("results grpo s0 env "))}
+    parent = next(r for n, r in runs.items() if n.startswith("results grpo s0 env "))
+    assert parent.data.tags["creditrl.run_dir"] == str((tmp_path / "results").resolve())
     assert parent.data.metrics == {"update/loss": 0.25, "eval/success_rate": 0.5}   # one parent for both stages
     child = runs["update[3]"]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
