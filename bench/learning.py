@@ -5,7 +5,8 @@
     python -m bench.learning --params gpu.yaml --jobs 18 --cores 1            # 18 runs side by side on a GPU machine
 
 For each seed, one base run makes the initial policy and iteration 1's rollouts and groups
-(`snakemake results/iter_1/groups.parquet`); every method then continues from a copy of it, so the methods
+(`snakemake results/iter_1/groups.parquet`); every method then continues from it, linking its outputs
+(`run.base`, README: Compare methods) rather than copying them, so the methods
 differ only in credit assignment: same initial policy, same first rollouts, same iterations, episodes and update
 steps. Each run is a normal pipeline run in `<work>/<method>_s<seed>/` (its own results/, logs and benchmark
 files), logged to the repository's MLflow store like any run. Output in `--out`:
@@ -77,11 +78,12 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
         (seed_dir / "params.yaml").write_text(yaml.safe_dump(_params(base, "grpo", seed, uri)))
         _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
                    "results/iter_0/eval.parquet")
-        for m in methods:
+        for m in methods:     # each method links the base's initial policy and first rollout (run.base)
             d = work / f"{m}_s{seed}"
-            if not (d / "results" / "iter_1" / "steps.parquet").exists():
-                shutil.copytree(seed_dir, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("locks"))
-            (d / "params.yaml").write_text(yaml.safe_dump(_params(base, m, seed, uri)))
+            _workflow(d)
+            p = _params(base, m, seed, uri)
+            p["run"] = {"dir": "results", "base": {"params": str((seed_dir / "params.yaml").resolve()), "through": 1}}
+            (d / "params.yaml").write_text(yaml.safe_dump(p))
 
     runs = [work / f"{m}_s{s}" for s in seeds for m in methods]
     with ThreadPoolExecutor(max_workers=jobs) as pool:

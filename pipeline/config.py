@@ -207,7 +207,8 @@ class FaultsConfig(Section):
 
 class BaseRun(Section):
     """A finished run whose outputs this run reuses, linked on disk instead of copied or recomputed."""
-    params: str = Field(description="the base run's params file (its run.dir says where its outputs are)")
+    params: str = Field(description="the base run's params file (its run.dir, relative to that file's folder, says "
+                        "where its outputs are)")
     through: int = Field(1, ge=0, le=MAX_ITERATION, description="reuse the base's jobs of iterations 0..through "
                          "whose params this run shares (e.g. 1: the initial policy and iteration 1's rollout and "
                          "groups when only credit changes)")

@@ -1,6 +1,8 @@
 """Runs side by side: a run reuses the outputs of a base run (`run.base`) by linking them, not copying them.
 
-The base run's jobs of iterations 0..`run.base.through` whose stage params this run shares are reused: each of
+The base run is named by its params file; its `run.dir` is taken relative to that file's folder (for a run of the
+same checkout, the working directory). The base run's jobs of iterations 0..`run.base.through` whose stage params
+this run shares are reused: each of
 their outputs is linked into this run's folder (a file as a symlink, a folder as a real folder of symlinked files),
 together with the optimiser state the next job resumes from. A job is reused only when every job it depends on is,
 so a change anywhere upstream (another seed, another rollout setting) reuses nothing after it. Snakemake then sees
@@ -54,7 +56,8 @@ def share_base(params: Params, log=print) -> list[str]:
     if params.run.base is None:
         return []
     base = load_params(params.run.base.params)
-    if Path(base.run.dir).resolve() == Path(params.run.dir).resolve():
+    root = Path(params.run.base.params).parent      # the base's run.dir is relative to its params file's folder
+    if (root / base.run.dir).resolve() == Path(params.run.dir).resolve():
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")
     base_outs = {(s.name, it) for s, it in _jobs(base, params.run.base.through)}
@@ -66,14 +69,14 @@ def share_base(params: Params, log=print) -> list[str]:
         if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
                 or any(d not in made for d in deps)):
             continue
-        base_paths = [Path(x) for x in _paths(stage, base, it, stage.outs_for(base))]
+        base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]
         if not all(p.exists() for p in base_paths):
             missing.append(f"{stage.name}@{it}" if it is not None else stage.name)
             continue
         for src, dst in zip(base_paths, own_outs, strict=True):
             files += _link(src, Path(dst))
         if stage.name in ("update", "fit") and it is not None:      # the state the next job resumes from
-            state = Path(fill(at(base, OPTIMIZER_DIR), it))
+            state = root / fill(at(base, OPTIMIZER_DIR), it)
             if state.is_dir():
                 files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
         reused.add((stage, it))

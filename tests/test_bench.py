@@ -116,9 +116,10 @@ def test_learning_smoke(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     work, out = tmp_path / "work", tmp_path / "out"
     learning.run_all(tmp_path / "p.yaml", ["grpo", "rloo"], [0], work, jobs=2, cores=1)
-    # both methods continue from the same base: identical initial policy and first rollouts
+    # both methods continue from the same base: its first rollouts, linked (run.base), not copied
     a, b = (work / f"{m}_s0" / "results" / "iter_1" / "steps.parquet" for m in ("grpo", "rloo"))
-    assert a.read_bytes() == b.read_bytes()
+    assert a.is_symlink() and b.is_symlink() and a.resolve() == b.resolve() == \
+        (work / "base_s0" / "results" / "iter_1" / "steps.parquet").resolve()
     table = learning.report(work, ["grpo", "rloo"], [0], out, log=False)
     curves = pl.read_csv(out / "learning_curves.csv")
     assert curves.height == 4 and curves["iteration"].to_list() == [0, 1, 0, 1]
