@@ -14,23 +14,29 @@ from pathlib import Path
 EXPERIMENT = "creditrl-bench"
 
 
+def open_experiment(root: Path | None = None):
+    """(client, experiment id) of the benchmarks' experiment in the repository's MLflow store (`mlflow.db` at the
+    repository root, or `CREDITRL_TRACKING_URI`); raises where MLflow is unavailable."""
+    from mlflow import MlflowClient
+
+    root = (root or Path(os.environ.get("CREDITRL_ROOT", Path.cwd()))).resolve()
+    client = MlflowClient(tracking_uri=os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}"))
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    return client, exp.experiment_id if exp else client.create_experiment(
+        EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
+
+
 def log_run(name: str, params: dict, metrics: dict[str, float], artifacts: list[Path],
-            root: Path | None = None) -> str | None:
+            root: Path | None = None, children=()) -> str | None:
     """Log one benchmark run to the repository's MLflow store (experiment `creditrl-bench`); never raises.
 
-    The store is the pipeline's (`mlflow.db` at the repository root, or `CREDITRL_TRACKING_URI`). If MLflow is
+    `children`: callables `(client, experiment_id, parent_run_id)` that add child runs under it. If MLflow is
     unavailable the benchmark's CSV and PNG are still on disk; this warns and returns None.
     """
-    root = (root or Path(os.environ.get("CREDITRL_ROOT", Path.cwd()))).resolve()
-    uri = os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     try:
-        from mlflow import MlflowClient
         from mlflow.entities import Metric, Param
 
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(EXPERIMENT)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
+        client, exp_id = open_experiment(root)
         run = client.create_run(exp_id, run_name=f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
                                 tags={"creditrl.bench": name})
         rid = run.info.run_id
@@ -39,6 +45,8 @@ def log_run(name: str, params: dict, metrics: dict[str, float], artifacts: list[
                          metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
         for a in artifacts:
             client.log_artifact(rid, str(a))
+        for child in children:
+            child(client, exp_id, rid)
         client.set_terminated(rid)
         return rid
     except Exception as e:  # noqa: BLE001 - tracking must never fail a benchmark

@@ -307,7 +307,7 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
     return "\n".join(parts)
 
 
-def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame]:
+def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame, list[Run]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,51 +349,35 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
     write_text_atomic(out / "compare_times.csv", tm.write_csv())
     report = out / "report.html"
     write_text_atomic(report, page(runs, summary, vs, figures))
-    return report, summary
+    return report, summary, runs
 
 
-def log_mlflow(folders: list[Path], report: Path, summary: pl.DataFrame, cv: pl.DataFrame,
-               group_by: str = "credit.method") -> str | None:
+def log_mlflow(runs: list[Run], report: Path, summary: pl.DataFrame, cv: pl.DataFrame) -> str | None:
     """A parent run holding the page, with one child run per compared run (its folder, method, seed, curve)."""
-    import os
     import time
-    import warnings
 
-    from bench import EXPERIMENT
+    from bench import log_run
 
-    try:
-        from mlflow import MlflowClient
-        from mlflow.entities import Metric, Param
+    def child(r: Run):
+        def add(client, exp_id, parent):
+            from mlflow.entities import Metric, Param
 
-        root = Path(os.environ.get("CREDITRL_ROOT", Path.cwd())).resolve()
-        uri = os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(EXPERIMENT)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
-        parent = client.create_run(exp_id, run_name=f"compare {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                                   tags={"creditrl.bench": "compare"}).info.run_id
-        ts = int(time.time() * 1000)
-        client.log_batch(parent, metrics=[Metric(f"{r['method']}/final_mean", float(r["final_mean"]), ts, 0)
-                                          for r in summary.iter_rows(named=True)])
-        client.log_artifact(parent, str(report))
-        for f in folders:
-            r = Run(f, group_by)
-            child = client.create_run(exp_id, run_name=r.label, tags={
-                "mlflow.parentRunId": parent, "creditrl.run_dir": str(r.results.resolve()),
-                "creditrl.method": r.params.credit.method, "creditrl.seed": str(r.seed)}).info.run_id
+            folder = str(r.results.resolve())
+            rid = client.create_run(exp_id, run_name=r.label, tags={
+                "mlflow.parentRunId": parent, "creditrl.run_dir": folder, "creditrl.method": r.params.credit.method,
+                "creditrl.seed": str(r.seed)}).info.run_id
+            ts = int(time.time() * 1000)
             d = cv.filter(pl.col("method") == r.method, pl.col("seed") == r.seed)
-            client.log_batch(child, params=[Param("run_dir", str(r.results.resolve())), Param("method", r.method),
-                                            Param("seed", str(r.seed))],
+            client.log_batch(rid, params=[Param("run_dir", folder), Param("group", r.method),
+                                          Param("seed", str(r.seed))],
                              metrics=[Metric("eval/success_rate", float(x["success_rate"]), ts, int(x["iteration"]))
                                       for x in d.iter_rows(named=True)])
-            client.set_terminated(child)
-        client.set_terminated(parent)
-        return parent
-    except Exception as e:  # noqa: BLE001 - tracking must never fail a report
-        warnings.warn(f"MLflow unavailable for the comparison ({type(e).__name__}: {e}); the report is on disk",
-                      stacklevel=2)
-        return None
+            client.set_terminated(rid)
+        return add
+
+    return log_run("compare", {"runs": ", ".join(r.label for r in runs)},
+                   {f"{r['method']}/final_mean": r["final_mean"] for r in summary.iter_rows(named=True)},
+                   [report], children=[child(r) for r in runs])
 
 
 def main(argv=None) -> None:
@@ -405,13 +389,13 @@ def main(argv=None) -> None:
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
     args = ap.parse_args(argv)
     try:
-        report, summary = build(args.runs, args.out, args.group_by)
+        report, summary, runs = build(args.runs, args.out, args.group_by)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=3):
         print(summary)
     if not args.no_mlflow:
-        log_mlflow(args.runs, report, summary, pl.read_csv(args.out / "compare_curves.csv"), args.group_by)
+        log_mlflow(runs, report, summary, pl.read_csv(args.out / "compare_curves.csv"))
     print(f"wrote {report}")
 
 

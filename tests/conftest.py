@@ -29,6 +29,26 @@ def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
     return f"snakemake failed in {d}:\n{r.stderr[-4000:]}\n{logs}"
 
 
+def dvc_repo(d: Path, **changes) -> Path:
+    """A fresh git + DVC repository in `d` holding the pipeline's code, the tiny params (one iteration, every
+    section written out: DVC reads each stage's params from the file) with `changes` merged into their sections,
+    and the dvc.yaml generated for them."""
+    from pipeline.config import load_params
+
+    params = load_params(ROOT / "tests" / "tiny_params.yaml").model_dump()
+    params["loop"]["iterations"] = 1
+    for section, values in changes.items():
+        params[section].update(values)
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    for name in ("pipeline", "stages"):
+        shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".dvcignore", d / ".dvcignore")
+    for cmd in (["git", "init", "-q"], [str(Path(sys.executable).parent / "dvc"), "init", "-q"],
+                [sys.executable, "-m", "pipeline.dvcgen"]):
+        subprocess.run(cmd, cwd=d, check=True, capture_output=True, timeout=300)
+    return d
+
+
 def run_env_config(d: Path, config: str, **changes) -> dict:
     """Run `configs/<config>` end to end in `d` at the tiny test sizes (2 iterations), with `changes` to its
     sections merged in; returns the params written. Fails the test with Snakemake's log on error."""

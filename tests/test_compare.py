@@ -28,7 +28,7 @@ def rendered_dom(page, profile):
 def report(grpo_run, method_runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     runs = [grpo_run, method_runs[0]["gigpo"], method_runs[0]["oprl"]]
-    path, summary = compare.build(runs, out)
+    path, summary, _ = compare.build(runs, out)
     return path, summary, out, runs
 
 
@@ -60,6 +60,22 @@ def test_every_plot_of_the_page_renders_in_chromium(report, tmp_path):
     assert int(plots.group(1)) == 5 == int(rendered.group(1))   # success, credit, groups, terms, time
     for title in ("Held-out success", "Credit quality against the oracle", "Step groups", "Advantage terms", "Time"):
         assert f"<h2>{title}</h2>" in dom
+
+
+def test_the_report_is_logged_as_a_parent_run_with_a_child_per_run(report, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    path, summary, out, runs = report
+    monkeypatch.setenv("CREDITRL_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("CREDITRL_ROOT", str(tmp_path))
+    parent = compare.log_mlflow([compare.Run(r) for r in runs], path, summary,
+                                pl.read_csv(out / "compare_curves.csv"))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("creditrl-bench")
+    children = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert sorted(c.data.tags["creditrl.method"] for c in children) == ["gigpo", "grpo", "oprl"]
+    assert all(c.data.tags["creditrl.run_dir"].endswith("results") for c in children)
+    assert [a.path for a in client.list_artifacts(parent)] == ["report.html"]
 
 
 def test_runs_of_one_group_and_seed_are_refused(grpo_run, tmp_path):

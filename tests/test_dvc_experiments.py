@@ -5,13 +5,13 @@ file (declared as DVC metrics in the generated dvc.yaml, with the success curve 
 import csv
 import io
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.conftest import dvc_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -30,21 +30,9 @@ def sh(args, cwd, timeout=900):
 
 @pytest.fixture(scope="module")
 def experiments(tmp_path_factory):
-    from pipeline.config import load_params
-
-    d = tmp_path_factory.mktemp("dvcexp")
-    params = load_params(ROOT / "tests" / "tiny_params.yaml").model_dump()
-    params["loop"]["iterations"] = 1
-    params["tracking"]["enabled"] = False
     # a warm start long enough that the policy plays valid moves, some of them good: the oracle has turns to rank
-    params["warmstart"].update(episodes=60, steps=120, clean_steps=120, batch_size=16)
-    (d / "params.yaml").write_text(yaml.safe_dump(params))
-    for name in ("pipeline", "stages"):
-        shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / ".dvcignore", d / ".dvcignore")
-    sh(["git", "init", "-q"], d)
-    sh([BIN / "dvc", "init", "-q"], d)
-    sh([sys.executable, "-m", "pipeline.dvcgen"], d)
+    d = dvc_repo(tmp_path_factory.mktemp("dvcexp"), tracking={"enabled": False},
+                 warmstart={"episodes": 60, "steps": 120, "clean_steps": 120, "batch_size": 16})
     sh([BIN / "dvc", "repro"], d)
     sh([*GIT, "add", "-A"], d)
     sh([*GIT, "commit", "-qm", "baseline"], d)

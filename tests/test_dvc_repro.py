@@ -1,12 +1,13 @@
 """`dvc repro` runs the generated pipeline in a fresh repository, and a credit change reuses the first rollout."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.conftest import dvc_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -24,19 +25,7 @@ def sh(args, cwd, timeout=900):
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dvcrepo")
-    from pipeline.config import load_params
-
-    # DVC reads each stage's params sections from the file, so write every section out (as params.yaml does)
-    params = load_params(ROOT / "tests" / "tiny_params.yaml").model_dump()
-    params["loop"]["iterations"] = 1
-    (d / "params.yaml").write_text(yaml.safe_dump(params))
-    for name in ("pipeline", "stages"):
-        shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / ".dvcignore", d / ".dvcignore")
-    sh(["git", "init", "-q"], d)
-    sh([BIN / "dvc", "init", "-q"], d)
-    sh([sys.executable, "-m", "pipeline.dvcgen"], d)
+    d = dvc_repo(tmp_path_factory.mktemp("dvcrepo"))
     sh([BIN / "dvc", "repro"], d)
     return d
 

@@ -85,7 +85,7 @@ def test_the_two_runs_compare_in_one_report(side_by_side, tmp_path):
     from bench import compare
 
     d, _, _ = side_by_side
-    report, summary = compare.build([d / "params.yaml", d / "gigpo.yaml"], tmp_path)
+    report, summary, _ = compare.build([d / "params.yaml", d / "gigpo.yaml"], tmp_path)
     assert sorted(summary["method"].to_list()) == ["gigpo", "grpo"] and report.is_file()
     curves = pl.read_csv(tmp_path / "compare_curves.csv")
     assert set(curves["run"].to_list()) == {"results", "runs/gigpo"}
