@@ -57,10 +57,13 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def score_advantages(adv: pl.DataFrame) -> dict[str, float]:
+    """ROC-AUC of the advantage and of its step term on the judged turns (`good` 1 or 0), and the share of turns with
+    a step signal. A method without a step term (all zero) has no step-term AUC (NaN), rather than chance's 0.5."""
     judged = adv.filter(pl.col("good").is_not_null())
     labels = judged["good"].to_numpy()
+    has_step = bool((adv["step_advantage"] != 0).any())
     return {"auc": roc_auc(judged["advantage"].to_numpy(), labels),
-            "auc_step_term": roc_auc(judged["step_advantage"].to_numpy(), labels),
+            "auc_step_term": roc_auc(judged["step_advantage"].to_numpy(), labels) if has_step else math.nan,
             "share_nonzero_step_signal": float((adv["step_advantage"] != 0).mean()) if adv.height else 0.0,
             "turns": adv.height}
 
