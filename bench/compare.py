@@ -339,8 +339,8 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
                  "its task group (GiGPO's step groups; singletons get no step credit).", plot_group_sizes(t, colors)),
                 ("Advantage terms", "Distribution of the episode term and of the non-zero step terms over all "
                  "turns of all iterations.", plot_terms(t, colors)),
-                ("Time", "Wall time of each stage, summed over the run's iterations, mean over seeds. A run counts only the jobs "
-                 "it ran itself: those it linked from a base run (run.base) count for the base.",
+                ("Time", "Wall time of each stage, summed over the run's iterations, mean over seeds. A run counts "
+                 "only the jobs it ran itself: those it linked from a base run (run.base) count for the base.",
                  plot_times(tm, colors))]
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "compare_curves.csv", cv.write_csv())
