@@ -169,26 +169,33 @@ def plot_credit(cr: pl.DataFrame, colors) -> str:
     return _png(fig)
 
 
-def plot_group_sizes(t: pl.DataFrame, colors) -> str:
+def _grouped_bars(values: dict[str, list[float]], colors, labels: list[str], ylabel: str, title: str,
+                  size: tuple[float, float], rotation: int = 0) -> str:
+    """One bar per group side by side at each of `labels` (`values`: group -> a value per label), as a PNG."""
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=size, dpi=110)
+    width = 0.8 / len(colors)
+    for i, (m, c) in enumerate(colors.items()):
+        xs = [k + (i - (len(colors) - 1) / 2) * width for k in range(len(labels))]
+        ax.bar(xs, values[m], width, color=c, label=m)
+    ax.set_xticks(range(len(labels)), labels, rotation=rotation)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_group_sizes(t: pl.DataFrame, colors) -> str:
     shares = {}
     for m in colors:
         sizes = t.filter(pl.col("method") == m)["step_group_size"].to_numpy()
         shares[m] = [float(((sizes >= lo) & ((sizes <= hi) if hi else True)).mean()) if len(sizes) else 0.0
                      for _, lo, hi in SIZE_BINS]
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-    width = 0.8 / len(colors)
-    for i, (m, c) in enumerate(colors.items()):
-        xs = [b + (i - (len(colors) - 1) / 2) * width for b in range(len(SIZE_BINS))]
-        ax.bar(xs, shares[m], width, color=c, label=m)
-    ax.set_xticks(range(len(SIZE_BINS)), [f"{name} turns" for name, _, _ in SIZE_BINS])
-    ax.set_ylabel("share of turns")
-    ax.set_title("Step-group sizes: turns by the size of their anchor group")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _png(fig)
+    return _grouped_bars(shares, colors, [f"{name} turns" for name, _, _ in SIZE_BINS], "share of turns",
+                         "Step-group sizes: turns by the size of their anchor group", (7, 3.6))
 
 
 def plot_terms(t: pl.DataFrame, colors) -> str:
@@ -220,25 +227,16 @@ def plot_terms(t: pl.DataFrame, colors) -> str:
 
 
 def plot_times(tm: pl.DataFrame, colors) -> str:
-    import matplotlib.pyplot as plt
-
     per = tm.group_by("method", "run", "stage").agg(pl.col("wall_s").sum()).group_by("method", "stage").agg(
         pl.col("wall_s").mean())
     stages = [s for s in ("init", "reward_init", "rollout", "group", "fit", "advantages", "update", "evaluate",
                           "report") if s in per["stage"].to_list()]
-    fig, ax = plt.subplots(figsize=(8, 3.8), dpi=110)
-    width = 0.8 / len(colors)
-    for i, (m, c) in enumerate(colors.items()):
+    walls = {}
+    for m in colors:
         d = {r["stage"]: r["wall_s"] for r in per.filter(pl.col("method") == m).iter_rows(named=True)}
-        xs = [k + (i - (len(colors) - 1) / 2) * width for k in range(len(stages))]
-        ax.bar(xs, [d.get(s, 0.0) for s in stages], width, color=c, label=m)
-    ax.set_xticks(range(len(stages)), stages, rotation=20)
-    ax.set_ylabel("wall seconds per run (all iterations)")
-    ax.set_title("Where each run's time went")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _png(fig)
+        walls[m] = [d.get(x, 0.0) for x in stages]
+    return _grouped_bars(walls, colors, stages, "wall seconds per run (all iterations)", "Where each run's time went",
+                         (8, 3.8), rotation=20)
 
 
 def plot_curves(cv: pl.DataFrame) -> str:

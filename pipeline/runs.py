@@ -61,17 +61,18 @@ def share_base(params: Params, log=print) -> list[str]:
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")
     base_outs = {(s.name, it) for s, it in _jobs(base, params.run.base.through)}
-    reused, missing, files = set(), [], 0
+    names, missing, files = [], [], 0
+    made: set[str] = set()      # this run's paths the reused jobs provide
     for stage, it in _jobs(params, params.run.base.through):
         deps = _paths(stage, params, it, stage.deps_templates(params))
         own_outs = _paths(stage, params, it, stage.outs_for(params))
-        made = {o for s, i in reused for o in _paths(s, params, i, s.outs_for(params))}
+        name = f"{stage.name}@{it}" if it is not None else stage.name
         if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
                 or any(d not in made for d in deps)):
             continue
         base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]
         if not all(p.exists() for p in base_paths):
-            missing.append(f"{stage.name}@{it}" if it is not None else stage.name)
+            missing.append(name)
             continue
         for src, dst in zip(base_paths, own_outs, strict=True):
             files += _link(src, Path(dst))
@@ -79,8 +80,8 @@ def share_base(params: Params, log=print) -> list[str]:
             state = root / fill(at(base, OPTIMIZER_DIR), it)
             if state.is_dir():
                 files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
-        reused.add((stage, it))
-    names = [f"{s.name}@{i}" if i is not None else s.name for s, i in sorted(reused, key=lambda x: (x[1] or 0))]
+        made.update(own_outs)
+        names.append(name)
     if names:
         log(f"run.base: reusing {len(names)} jobs of {base.run.dir} ({', '.join(names)}), {files} files linked "
             f"into {params.run.dir}")

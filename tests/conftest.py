@@ -29,6 +29,15 @@ def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
     return f"snakemake failed in {d}:\n{r.stderr[-4000:]}\n{logs}"
 
 
+def sh(args, cwd, timeout=900) -> str:
+    """Run a command in `cwd`; its output, or the test fails with it and the stages' logs."""
+    r = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        logs = "\n".join(p.read_text()[-1500:] for p in sorted(Path(cwd).glob("results/logs/*.log")))
+        pytest.fail(f"{' '.join(map(str, args))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{logs}")
+    return r.stdout + r.stderr
+
+
 def dvc_repo(d: Path, **changes) -> Path:
     """A fresh git + DVC repository in `d` holding the pipeline's code, the tiny params (one iteration, every
     section written out: DVC reads each stage's params from the file) with `changes` merged into their sections,

@@ -5,27 +5,18 @@ file (declared as DVC metrics in the generated dvc.yaml, with the success curve 
 import csv
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import dvc_repo
+from tests.conftest import dvc_repo, sh
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
 
 pytestmark = pytest.mark.e2e
-
-
-def sh(args, cwd, timeout=900):
-    r = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        logs = "\n".join(p.read_text()[-1500:] for p in sorted(Path(cwd).glob("results/logs/*.log")))
-        pytest.fail(f"{' '.join(map(str, args))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{logs}")
-    return r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

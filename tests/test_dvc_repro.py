@@ -1,26 +1,17 @@
 """`dvc repro` runs the generated pipeline in a fresh repository, and a credit change reuses the first rollout."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import dvc_repo
+from tests.conftest import dvc_repo, sh
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.e2e
-
-
-def sh(args, cwd, timeout=900):
-    r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        logs = "\n".join(p.read_text()[-1500:] for p in sorted(Path(cwd).glob("results/logs/*.log")))
-        pytest.fail(f"{' '.join(map(str, args))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{logs}")
-    return r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")
