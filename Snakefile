@@ -5,7 +5,7 @@ import sys
 
 from pipeline.config import ParamsError, load_params
 from pipeline.runs import share_base
-from pipeline.registry import at, deps_for, enabled_stages, final_targets, gpus_for, params_fingerprint, strip_dir
+from pipeline.registry import at, deps_for, enabled_stages, final_targets, params_fingerprint, resources_for, strip_dir
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -31,31 +31,20 @@ def _outputs(stage):
 
 # Directives that Snakemake evaluates at job time (shell, input functions) must not read the loop variable:
 # each binds its stage through a default argument or a params value.
-for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA
-    if _st.per_iteration:
-        rule:
-            name: _st.name
-            input: lambda wc, st=_st: deps_for(st, P, int(wc.it))
-            output: _outputs(_st)
-            params:
-                fingerprint=params_fingerprint(_st, P),
-                cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.it),
-            log: at(P, f"results/logs/{_st.name}_{{it}}.log")
-            benchmark: at(P, f"results/benchmarks/{_st.name}_{{it}}.tsv")
-            threads: _st.threads
-            resources: gpu=gpus_for(_st, P)
-            wildcard_constraints: it=r"[1-9]\d*" if _st.first >= 1 else r"\d+"
-            shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"
-    else:
-        rule:
-            name: _st.name
-            input: deps_for(_st, P, None)
-            output: _outputs(_st)
-            params:
-                fingerprint=params_fingerprint(_st, P),
-                cmd=_st.command(PY, PARAMS_FILE, None),
-            log: at(P, f"results/logs/{_st.name}.log")
-            benchmark: at(P, f"results/benchmarks/{_st.name}.tsv")
-            threads: _st.threads
-            resources: gpu=gpus_for(_st, P)
-            shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"
+for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA; a sharded stage as shards and a merge
+    _res = resources_for(_st, P)
+    _tag = {"whole": "{it}", "merge": "{it}", "shard": "{it}_{shard}"}[_st.role] if _st.per_iteration else ""
+    _job = f"{_st.name}_{_tag}" if _tag else _st.name
+    rule:
+        name: _st.name
+        input: (lambda wc, st=_st: deps_for(st, P, int(wc.it))) if _st.per_iteration else deps_for(_st, P, None)
+        output: _outputs(_st)
+        params:
+            fingerprint=params_fingerprint(_st, P),
+            cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.get("it"), wc.get("shard")),
+        log: at(P, f"results/logs/{_job}.log")
+        benchmark: at(P, f"results/benchmarks/{_job}.tsv")
+        threads: _res["threads"]
+        resources: gpu=_res["gpu"], mem_mb=_res["mem_mb"], runtime=_res["runtime"]
+        wildcard_constraints: it=r"[1-9]\d*" if (_st.first or 0) >= 1 else r"\d+", shard=r"\d+"
+        shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"

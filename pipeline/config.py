@@ -112,7 +112,10 @@ class RolloutConfig(Section):
     group_size: int = Field(8, ge=1, le=1000, description="episodes per task (G); episode ids are "
                             "task_group * 1000 + k")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
-    batch_size: int = Field(256, ge=1, description="episodes generated together")
+    batch_size: int = Field(256, ge=1, description="episodes generated together: the episodes are cut into fixed "
+                            "blocks of this size, each generated as one batch (its live episodes) every turn")
+    shards: int = Field(1, ge=1, le=256, description="Snakemake jobs per iteration's rollout, each playing a slice "
+                        "of whole batches; a merge job writes the one step table, the same for any shard count")
     engine: Literal["hf", "vllm"] = Field("hf", description="what samples in rollout and evaluate: hf (Hugging Face "
                                           "generate) or vllm (vLLM's offline engine; scripts/install-vllm)")
     vllm: VllmSettings = VllmSettings()
@@ -171,6 +174,8 @@ class EvaluateConfig(Section):
     episodes_per_task: int = Field(2, ge=1, le=64, description="sampled episodes per held-out task (more: less "
                                    "noise in the success rate)")
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
+    shards: int = Field(1, ge=1, le=256, description="Snakemake jobs per evaluation, each playing a slice of whole "
+                        "batches of rollout.batch_size episodes; a merge job writes the episode table")
 
 
 class TrackingConfig(Section):
@@ -186,6 +191,15 @@ class ReportConfig(Section):
                                 "ALFWorld's does); environments without an oracle skip it")
 
 
+class StageResources(Section):
+    """What one stage's cluster jobs ask for; a key left out keeps the registry's default (pipeline/registry.py)."""
+    threads: int | None = Field(None, ge=1, description="cores (SLURM: --cpus-per-task)")
+    mem_mb: int | None = Field(None, ge=1, description="memory in MB (SLURM: --mem)")
+    runtime: int | None = Field(None, ge=1, description="wall time in minutes (SLURM: -t)")
+    gpu: int | None = Field(None, ge=0, description="GPUs (SLURM: --gpus); default 1 for a stage that loads a model "
+                            "when runtime.device is a GPU (update: runtime.update_processes), else 0")
+
+
 class RuntimeConfig(Section):
     torch_threads: int = Field(0, ge=0, description="threads of torch, BLAS and polars in every stage, however it is "
                                "started; 0: the cores Snakemake gives the job, else all cores")
@@ -196,6 +210,11 @@ class RuntimeConfig(Section):
     keep_optimizer: Literal["last", "all"] = Field(
         "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, only "
         "the newest, which the next update resumes from; all, every one, so that any iteration can be rerun alone")
+    resources: dict[str, StageResources] = Field(
+        {}, description="per stage (init, rollout, update, ...; a sharded stage's shards take its entry): threads, "
+        "mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
+    update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
+                                  "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
 
 
 class FaultsConfig(Section):
@@ -251,6 +270,24 @@ class Params(Section):
                 f"rollout.group_size is {self.rollout.group_size}, but credit.method {self.credit.method!r} "
                 "normalises within task groups and needs at least 2 episodes per task"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _resources_name_stages(self):
+        from pipeline.registry import STAGE_BY_NAME
+
+        unknown = sorted(set(self.runtime.resources) - set(STAGE_BY_NAME))
+        if unknown:
+            raise ValueError(f"runtime.resources: unknown stage(s) {unknown}; expected some of {list(STAGE_BY_NAME)}")
+        return self
+
+    @model_validator(mode="after")
+    def _shards_fit(self):
+        from pipeline.shards import shard_slices
+
+        r, e = self.rollout, self.evaluate
+        shard_slices(r.tasks_per_iteration * r.group_size, r.batch_size, r.shards, r.group_size, "rollout.shards")
+        shard_slices(e.tasks * e.episodes_per_task, r.batch_size, e.shards, e.episodes_per_task, "evaluate.shards")
         return self
 
 

@@ -4,8 +4,9 @@
 - `vllm`: vLLM's offline `LLM` on the checkpoint folder (a LoRA checkpoint is merged into a copy of its base
   first, or with `rollout.vllm.lora: adapter` passed to vLLM's LoRA support with every request). One request per
   live episode per turn; vLLM returns the sampled tokens' log-probs of the processed (temperature-scaled)
-  distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; a
-  per-request seed only on a GPU, since on the CPU a per-request generator kills the engine.
+  distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; each request the episode's
+  seed for that turn only on a GPU, since on the CPU a per-request generator kills the engine (so vLLM's samples
+  on a CPU depend on what else is in the batch, and a sharded vLLM rollout differs from an unsharded one).
 
 Both return `pipeline.policy.Generation`s, so the step table is the same whichever engine sampled it.
 """
@@ -30,7 +31,7 @@ class HFSampler:
         model.eval()
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: int) -> list[Generation]:
+                 seed: list[int]) -> list[Generation]:
         return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed)
 
     def reset_cache(self) -> None:
@@ -95,16 +96,14 @@ class VLLMSampler:
                        generation_config="vllm", **lora_args)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: int) -> list[Generation]:
+                 seed: list[int]) -> list[Generation]:
         from vllm import SamplingParams
-
-        from pipeline.rollout import _mix
 
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
                                  stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
-                                 repetition_penalty=1.0, seed=_mix(seed, k) if self.per_request_seed else None)
-                  for k in range(len(prompt_ids))]
+                                 repetition_penalty=1.0, seed=s if self.per_request_seed else None)
+                  for s in seed]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False,
                                  lora_request=self.lora_request)
         results = []

@@ -251,38 +251,70 @@ class _SampledLogprobs:
         return torch.stack(self.columns, dim=1) if self.columns else torch.zeros(new_tokens.shape)
 
 
+def mix_seed(*parts: int) -> int:
+    """One 63-bit seed from integers (FNV-1a over 64-bit words): e.g. (run seed, episode, turn)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+class _SeededSampling:
+    """A logits processor that samples each row from softmax(logits / temperature) with the row's own generator.
+
+    It returns logits / temperature - log(q), q ~ Exp(1) drawn per row (float64, so q is never 0), whose argmax is
+    a sample of that softmax (the exponential-race form of the Gumbel-max trick, as vLLM samples); `generate` then
+    decodes greedily. A row's draws depend only on its seed and its position, not on the other rows of the batch,
+    so an episode samples the same tokens whichever batch or shard it is generated in."""
+
+    def __init__(self, temperature: float, seeds: list[int], device: torch.device):
+        self.temperature = temperature
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.double() / self.temperature
+        q = torch.empty_like(logits)
+        for row, g in zip(q, self.generators, strict=True):
+            row.exponential_(generator=g)
+        return logits - q.log()
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-             seed: int) -> list[Generation]:
+             seed: int | list[int]) -> list[Generation]:
     """Sample one response per prompt (left-padded batch); greedy when temperature is 0.
 
-    The log-probs are those of the sampling distribution (logits / temperature), one per response token; the
-    response ends at the first EOS (kept) or at `max_new_tokens`. Only the sampled tokens' log-probs are kept
-    (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens.
+    `seed` is one seed per prompt (an int: seeds derived from it and the row), and row i's tokens depend only on
+    its seed and its prompt's logits. The log-probs are those of the sampling distribution (logits / temperature),
+    one per response token; the response ends at the first EOS (kept) or at `max_new_tokens`. Only the sampled
+    tokens' log-probs are kept (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens.
     """
     from transformers import LogitsProcessorList
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     eos = tokenizer.eos_token_id
+    seeds = [mix_seed(seed, i) for i in range(len(prompt_ids))] if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompt_ids):
+        raise ValueError(f"generate: {len(seeds)} seeds for {len(prompt_ids)} prompts")
     width = max(len(p) for p in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
     attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
     for i, p in enumerate(prompt_ids):
         input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         attention[i, width - len(p):] = 1
-    torch.manual_seed(seed)
     sample = temperature > 0
     recorder = _SampledLogprobs(temperature if sample else 0.0)
+    processors = [recorder, _SeededSampling(temperature, seeds, device)] if sample else [recorder]
     sequences = model.generate(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
         max_new_tokens=max_new_tokens,
-        do_sample=sample,
-        temperature=temperature if sample else None,
+        do_sample=False,      # the sampling is _SeededSampling's; the argmax of its output is the sample
+        temperature=None,
         pad_token_id=pad,
         eos_token_id=eos,
-        logits_processor=LogitsProcessorList([recorder]),
+        logits_processor=LogitsProcessorList(processors),
         **NEUTRAL_SAMPLING,
     )
     new = sequences[:, width:].cpu()

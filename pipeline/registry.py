@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Params
@@ -33,6 +33,11 @@ EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
 REPORT_DIR = "results/report"
 REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
 REPORT_METRICS = REPORT_DIR + "/metrics.json"   # the run's final success and credit quality (DVC metrics)
+
+
+def shard_table(stage: str) -> str:
+    """The step table of one shard of a sharded stage (`{shard}`: 0..N-1)."""
+    return ITER_DIR + f"/shards/{stage}_{{shard}}.parquet"
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,11 @@ class Stage:
     code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
     enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
     loads_model: bool = False  # holds a policy or step-reward model: asks for the `gpu` resource on a GPU device
+    mem_mb: int = 4000         # default memory and wall time (minutes) a cluster job asks for (runtime.resources)
+    runtime: int = 60
+    shards: Callable[[Params], int] | None = None  # splits into that many shard jobs and a merge job (`expand`)
+    role: str = "whole"        # whole | shard (one slice of a sharded stage) | merge (the shards' tables into one)
+    module: str | None = None  # stages.<module> runs it; None: the stage's name
 
     @property
     def per_iteration(self) -> bool:
@@ -97,12 +107,23 @@ class Stage:
     def is_enabled(self, params: Params) -> bool:
         return self.enabled is None or self.enabled(params)
 
-    def module_file(self) -> str:
-        return f"stages/{self.name}.py"
+    @property
+    def base(self) -> str:
+        """The registry stage this job belongs to (`rollout` for `rollout_shard`)."""
+        return self.module or self.name
 
-    def command(self, python: str, params_file: str, it: str | None) -> str:
-        cmd = f"{python} -m stages.{self.name} --params {params_file}"
-        return cmd if it is None else f"{cmd} --iteration {it}"
+    def module_file(self) -> str:
+        return f"stages/{self.base}.py"
+
+    def command(self, python: str, params_file: str, it: str | None, shard: str | None = None) -> str:
+        cmd = f"{python} -m stages.{self.base} --params {params_file}"
+        if it is not None:
+            cmd += f" --iteration {it}"
+        if self.role == "shard":
+            cmd += f" --shard {shard}"
+        elif self.role == "merge":
+            cmd += " --merge"
+        return cmd
 
     def outs_for(self, params: Params) -> list[str]:
         """Every output: the cached ones, then the metrics and plots files."""
@@ -137,36 +158,61 @@ STAGES: tuple[Stage, ...] = (
           outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
           params=("seed", "credit.method", *_method_lora), enabled=needs_fit, loads_model=True),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout"), loads_model=True),
-    Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth")),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout"), loads_model=True,
+          shards=lambda p: p.rollout.shards),
+    Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth"),
+          mem_mb=2000, runtime=30),
     # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
                           *_model_tables(PREV_ITER_DIR)),
           outs=(REWARD_MODEL, STEP_REWARDS, *_model_tables(ITER_DIR)),
           params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
-          params=("credit",)),
+          params=("credit",), mem_mb=2000, runtime=30),
     # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "policy.lora"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm", "evaluate"),
-          loads_model=True),
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
+                  "rollout.batch_size", "evaluate"),
+          loads_model=True, shards=lambda p: p.evaluate.shards),
     # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
     Stage("report", None, deps=(), outs=(REPORT[1],), params=("report", When("env", credit_oracle)),
-          deps_all=(EVAL_METRICS,), metrics=(REPORT_METRICS,), plots=(REPORT[0],),
+          deps_all=(EVAL_METRICS,), metrics=(REPORT_METRICS,), plots=(REPORT[0],), mem_mb=2000, runtime=30,
           deps_trained=tuple(When(t, credit_oracle) for t in (STEPS, GROUPS, ADVANTAGES))),
 )
 
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 
 
+def expand(stage: Stage, params: Params) -> list[Stage]:
+    """The jobs' stages of a registry stage: itself, or for N > 1 shards a `<name>_shard` stage (one job per
+    iteration and shard, each writing its slice's step table) and the merge, which keeps the stage's name and
+    outputs and reads the N tables."""
+    n = stage.shards(params) if stage.shards is not None else 1
+    if n == 1:
+        return [stage]
+    table = shard_table(stage.name)
+    shard = replace(stage, name=f"{stage.name}_shard", outs=(table,), metrics=(), plots=(), shards=None,
+                    role="shard", module=stage.name)
+    merge = replace(stage, deps=tuple(table.replace("{shard}", str(k)) for k in range(n)), threads=1,
+                    loads_model=False, mem_mb=2000, runtime=30, shards=None, role="merge", module=stage.name)
+    return [shard, merge]
+
+
 def enabled_stages(params: Params) -> list[Stage]:
-    return [s for s in STAGES if s.is_enabled(params)]
+    """Every job's stage of the pipeline for these params, in order (sharded stages expanded)."""
+    return [e for s in STAGES if s.is_enabled(params) for e in expand(s, params)]
 
 
-def fill(template: str, it: int) -> str:
-    return template.format(it=it, prev=it - 1)
+def shard_ids(stage: Stage, params: Params) -> list[int]:
+    """The shard indices of a shard stage's jobs (per iteration)."""
+    return list(range(STAGE_BY_NAME[stage.base].shards(params))) if stage.role == "shard" else []
+
+
+def fill(template: str, it: int, shard: int | None = None) -> str:
+    out = template.replace("{it}", str(it)).replace("{prev}", str(it - 1))
+    return out if shard is None else out.replace("{shard}", str(shard))
 
 
 def strip_dir(path: str) -> str:
@@ -221,9 +267,27 @@ def uses_gpu(device: str) -> bool:
 
 
 def gpus_for(stage: Stage, params: Params) -> int:
-    """The `gpu` resource the stage's job asks Snakemake for: 1 for a stage that loads a model on a GPU, else 0.
-    With `--resources gpu=N` (the default profile sets 1) at most N such jobs run at once."""
-    return int(stage.loads_model and uses_gpu(params.runtime.device))
+    """The `gpu` resource the stage's job asks Snakemake for: 1 for a stage that loads a model on a GPU, else 0
+    (`runtime.resources.<stage>.gpu` overrides it). With `--resources gpu=N` (the default profile sets 1) at
+    most N such jobs run at once; the cluster executors ask the scheduler for that many GPUs per job."""
+    return resources_for(stage, params)["gpu"]
+
+
+def resources_for(stage: Stage, params: Params) -> dict[str, int]:
+    """What the stage's job declares to Snakemake: threads, mem_mb, runtime (minutes) and gpu. The registry's
+    defaults suit the tiny policy; `runtime.resources.<stage>` (by the registry's stage name, shards included)
+    overrides any of them. A merge job keeps its own small defaults."""
+    if stage.name == "update" and params.runtime.update_processes > 1:
+        procs = params.runtime.update_processes
+    else:
+        procs = 1
+    out = {"threads": stage.threads, "mem_mb": stage.mem_mb, "runtime": stage.runtime,
+           "gpu": procs if stage.loads_model and uses_gpu(params.runtime.device) else 0}
+    if stage.role != "merge":
+        own = params.runtime.resources.get(stage.base)
+        if own is not None:
+            out.update({k: v for k, v in own.model_dump().items() if v is not None})
+    return out
 
 
 def final_targets(params: Params) -> list[str]:

@@ -1,7 +1,10 @@
 """Play episodes with a policy: batched generation across every live episode, one row per turn.
 
-All episodes of a call advance together turn by turn; the live ones are generated in batches of `batch_size`.
-Sampling seeds derive from (seed, turn, batch), so the same call gives the same table on CPU.
+All episodes of a call advance together turn by turn. The episodes are cut into fixed blocks of `batch_size`
+(in the order given); each turn, the live episodes of a block are generated as one batch. Every response is
+sampled with its own seed, from (seed, episode, turn), and a block's batch holds the same episodes whichever other
+blocks run beside it, so a shard (`pipeline.shards`: whole blocks) writes exactly the rows the unsharded call writes
+for those episodes, bit for bit on CPU.
 
 An exception in one episode's `env.step` ends that episode there: its last row is truncated, not executed
 (`action_valid` false, reward 0) and carries the error text in `env_error`; the other episodes go on.
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from pipeline.envs.base import Env, Observation, StepResult
-from pipeline.policy import encode_prompt
+from pipeline.policy import encode_prompt, mix_seed
 from pipeline.prompting import build_prompt
 
 
@@ -26,13 +29,6 @@ class EpisodeSpec:
     task_id: int       # environment seed
     task_group: int
     episode_id: int
-
-
-def _mix(*parts: int) -> int:
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h & 0x7FFFFFFFFFFFFFFF
 
 
 def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[EpisodeSpec], *, history_turns: int,
@@ -47,6 +43,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     obs: list[Observation] = [env.reset(spec.task_id) for env, spec in zip(envs, specs)]
     history: list[list[tuple[str, str | None]]] = [[] for _ in specs]
     rows: list[dict] = []
+    blocks = [range(b, min(b + batch_size, len(specs))) for b in range(0, len(specs), batch_size)]
     live = list(range(len(specs)))
     turn = 0
     started = time.perf_counter()
@@ -54,9 +51,13 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
         prompts = [build_prompt(envs[i].task_description(), history[i], obs[i].text, obs[i].admissible,
                                 history_turns) for i in live]
         prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
+        seeds = [mix_seed(seed, specs[i].episode_id, turn) for i in live]
         gens = []
-        for b in range(0, len(live), batch_size):
-            gens.extend(sample(prompt_ids[b: b + batch_size], max_new_tokens, temperature, seed=_mix(seed, turn, b)))
+        for block in blocks:   # live is in spec order, so each block's live episodes are a run of it
+            rows_of = [k for k, i in enumerate(live) if i in block]
+            if rows_of:
+                sl = slice(rows_of[0], rows_of[-1] + 1)
+                gens.extend(sample(prompt_ids[sl], max_new_tokens, temperature, seed=seeds[sl]))
         still = []
         for k, i in enumerate(live):
             g = gens[k]
