@@ -5,7 +5,8 @@ import sys
 
 from pipeline.config import ParamsError, load_params
 from pipeline.runs import share_base
-from pipeline.registry import at, deps_for, enabled_stages, final_targets, params_fingerprint, resources_for, strip_dir
+from pipeline.registry import (at, deps_for, enabled_stages, final_targets, params_fingerprint, processes_for,
+                               resources_for, strip_dir)
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -41,7 +42,7 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA; a sh
         output: _outputs(_st)
         params:
             fingerprint=params_fingerprint(_st, P),
-            cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.get("it"), wc.get("shard")),
+            cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.get("it"), wc.get("shard"), processes_for(st, P)),
         log: at(P, f"results/logs/{_job}.log")
         benchmark: at(P, f"results/benchmarks/{_job}.tsv")
         threads: _res["threads"]

@@ -60,11 +60,38 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     return out
 
 
+def share(items: list, rank: int, world: int) -> list:
+    """Process `rank`'s contiguous share of `items` among `world` processes (sizes differ by at most one)."""
+    n = len(items)
+    return items[rank * n // world: (rank + 1) * n // world]
+
+
+def all_reduce_grads(params: list[torch.Tensor]) -> None:
+    """Sum every process's gradients (one flat buffer, one collective), as DDP's buckets do. Done by hand because a
+    process may run more micro-batches than another in a minibatch, which DDP's per-backward hooks do not allow."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset: offset + n].view_as(g).clone()
+        offset += n
+
+
 def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
                ref_logps=None, progress: Callable[[str], None] | None = None,
-               temperature: float = 1.0) -> dict[str, float]:
+               temperature: float = 1.0, rank: int = 0, world: int = 1,
+               trace: list[float] | None = None) -> dict[str, float]:
     """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
-    log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be."""
+    log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
+
+    With `world` > 1 processes (torch.distributed initialised), every process draws the same minibatches, runs
+    its own share of each (`share`), and the gradients and statistics are summed across processes before the
+    same clipped optimiser step on each: the update is that of one process, up to float summation order.
+    `trace` receives each optimiser step's loss."""
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl",
@@ -84,8 +111,9 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
             tokens = float(max(sum(len(responses[i]) for i in idx), 1))
             sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl"), 0.0)
             optimizer.zero_grad(set_to_none=True)
-            for m in range(0, len(idx), micro):
-                part = idx[m: m + micro]
+            mine = share(idx, rank, world)
+            for m in range(0, len(mine), micro):
+                part = mine[m: m + micro]
                 ids, _, resp = pad_batch([prompts[i] for i in part], [responses[i] for i in part], pad_id)
                 logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0,
                                                temperature=temperature)
@@ -112,7 +140,17 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                 for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("clipfrac", info["clipfrac"]),
                              ("approx_kl", info["approx_kl"])):
                     sums[k] += v
+            if world > 1:
+                import torch.distributed as dist
+
+                all_reduce_grads(stepper.params)
+                keys = list(sums)
+                total = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=stepper.params[0].device)
+                dist.all_reduce(total)
+                sums = dict(zip(keys, total.tolist()))
             sums["grad_norm"] = stepper.step(where)
+            if trace is not None:
+                trace.append(sums["loss"])
             step += 1
             for k, v in sums.items():
                 if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average

@@ -115,8 +115,12 @@ class Stage:
     def module_file(self) -> str:
         return f"stages/{self.base}.py"
 
-    def command(self, python: str, params_file: str, it: str | None, shard: str | None = None) -> str:
-        cmd = f"{python} -m stages.{self.base} --params {params_file}"
+    def command(self, python: str, params_file: str, it: str | None, shard: str | None = None,
+                processes: int = 1) -> str:
+        """The job's command line; `processes` > 1 starts the stage under torchrun (`processes_for`)."""
+        launch = python if processes == 1 else (
+            f"{python} -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node {processes}")
+        cmd = f"{launch} -m stages.{self.base} --params {params_file}"
         if it is not None:
             cmd += f" --iteration {it}"
         if self.role == "shard":
@@ -273,14 +277,16 @@ def gpus_for(stage: Stage, params: Params) -> int:
     return resources_for(stage, params)["gpu"]
 
 
+def processes_for(stage: Stage, params: Params) -> int:
+    """Processes the stage's job starts: `runtime.update_processes` for the update, else 1."""
+    return params.runtime.update_processes if stage.name == "update" else 1
+
+
 def resources_for(stage: Stage, params: Params) -> dict[str, int]:
     """What the stage's job declares to Snakemake: threads, mem_mb, runtime (minutes) and gpu. The registry's
     defaults suit the tiny policy; `runtime.resources.<stage>` (by the registry's stage name, shards included)
     overrides any of them. A merge job keeps its own small defaults."""
-    if stage.name == "update" and params.runtime.update_processes > 1:
-        procs = params.runtime.update_processes
-    else:
-        procs = 1
+    procs = processes_for(stage, params)
     out = {"threads": stage.threads, "mem_mb": stage.mem_mb, "runtime": stage.runtime,
            "gpu": procs if stage.loads_model and uses_gpu(params.runtime.device) else 0}
     if stage.role != "merge":

@@ -90,7 +90,7 @@ def grpo_run(tmp_path_factory) -> Path:
 
 
 METHODS = tuple(m for m in METHOD_REGISTRY if m != "grpo")   # each continues the shared GRPO run
-JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?")
+JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?(?: --shard (\d+))?")
 
 
 def planned_jobs(d, params: str | None = None) -> set[str]:
@@ -98,7 +98,8 @@ def planned_jobs(d, params: str | None = None) -> set[str]:
     r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n", "-p", *config], cwd=d, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return {name if it is None or it == "" else f"{name}@{it}" for name, it in JOB.findall(r.stdout + r.stderr)}
+    return {name if not it else f"{name}_shard@{it}-{shard}" if shard else f"{name}@{it}"
+            for name, it, shard in JOB.findall(r.stdout + r.stderr)}
 
 
 @pytest.fixture(scope="session")
