@@ -19,6 +19,11 @@ PY = sys.executable
 wildcard_constraints:
     it=r"\d+",
 
+# The default profile's `--resources gpu=1` lets one model-loading job at a time hold a machine's GPU. On a cluster
+# (profiles/slurm, profiles/kubernetes) each job gets GPUs of its own, so the limit is per job there, not global.
+resource_scopes:
+    gpu="local",
+
 
 rule all:
     input:
@@ -46,6 +51,7 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA; a sh
         log: at(P, f"results/logs/{_job}.log")
         benchmark: at(P, f"results/benchmarks/{_job}.tsv")
         threads: _res["threads"]
-        resources: gpu=_res["gpu"], mem_mb=_res["mem_mb"], runtime=_res["runtime"]
+        # gpu only where > 0: the Kubernetes executor refuses a gpu resource without a manufacturer, even 0
+        resources: mem_mb=_res["mem_mb"], runtime=_res["runtime"], **({"gpu": _res["gpu"]} if _res["gpu"] else {})
         wildcard_constraints: it=r"[1-9]\d*" if (_st.first or 0) >= 1 else r"\d+", shard=r"\d+"
         shell: "CREDITRL_THREADS={threads} {params.cmd} > {log} 2>&1"

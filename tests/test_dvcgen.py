@@ -73,13 +73,30 @@ def test_params_yaml_spells_out_every_key_a_dvc_stage_reads():
                     node = node[part]
 
 
-def test_model_stages_ask_snakemake_for_the_gpu(tmp_path):
-    """With runtime.device a GPU, every job that loads a model asks for gpu=1 and the others for none; on the CPU
-    none does. The default profile caps the GPU jobs that run at once at one."""
+def planned_resources(d, *args: str) -> dict[str, tuple[int, dict[str, str]]]:
+    """Each rule's threads and resources in `snakemake -n`'s listing (the first job of each rule)."""
     import re
     import subprocess
 
-    from tests.conftest import SNAKEMAKE, workflow_files
+    from tests.conftest import SNAKEMAKE
+
+    r = subprocess.run([SNAKEMAKE, "-n", "--cores", "4", *args], cwd=d, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = {}
+    for block in re.split(r"\n(?=rule \w+:)", r.stdout):
+        m = re.match(r"rule (\w+):", block)
+        res = re.search(r"\n\s+resources: ([^\n]*)", block)
+        if m and res and m.group(1) not in out and m.group(1) != "all":
+            threads = re.search(r"\n\s+threads: (\d+)", block)
+            out[m.group(1)] = (int(threads.group(1)) if threads else 1,
+                               dict(kv.split("=", 1) for kv in res.group(1).split(", ")))
+    return out
+
+
+def test_model_stages_ask_snakemake_for_the_gpu(tmp_path):
+    """With runtime.device a GPU, every job that loads a model asks for gpu=1 and the others for none; on the CPU
+    none does. The default profile caps the GPU jobs that run at once at one (a cap per job on a cluster)."""
+    from tests.conftest import workflow_files
 
     workflow_files(tmp_path)
     params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
@@ -88,13 +105,32 @@ def test_model_stages_ask_snakemake_for_the_gpu(tmp_path):
     for device in ("cuda", "cpu"):
         params["runtime"] = {"device": device}
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-        r = subprocess.run([SNAKEMAKE, "-n", "--cores", "4"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        asked[device] = {(rule, gpu) for rule, gpu in re.findall(r"rule (\w+):.*?resources: [^\n]*?gpu=(\d)",
-                                                                  r.stdout, re.S)}
-    assert asked["cuda"] == {("init", "1"), ("reward_init", "1"), ("rollout", "1"), ("fit", "1"), ("update", "1"),
-                             ("evaluate", "1"), ("group", "0"), ("advantages", "0"), ("report", "0")}
-    assert {gpu for _, gpu in asked["cpu"]} == {"0"}
+        asked[device] = {rule: res.get("gpu", "0") for rule, (_, res) in planned_resources(tmp_path).items()}
+    assert asked["cuda"] == {"init": "1", "reward_init": "1", "rollout": "1", "fit": "1", "update": "1",
+                             "evaluate": "1", "group": "0", "advantages": "0", "report": "0"}
+    assert set(asked["cpu"].values()) == {"0"}
     profile = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
     assert profile["resources"] == ["gpu=1"]
+    assert 'resource_scopes:\n    gpu="local"' in (ROOT / "Snakefile").read_text()
+
+
+def test_rules_declare_the_resources_of_params(tmp_path):
+    """Every rule declares threads, mem_mb and runtime: the registry's defaults, or `runtime.resources`; shards take
+    their stage's entry, the merge its own small one; update_processes GPUs for a multi-process update (a machine
+    with 8 GPUs: Snakemake lowers a job's ask to what `--resources` offers)."""
+    from tests.conftest import workflow_files
+
+    workflow_files(tmp_path)
+    params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
+    params["rollout"].update(batch_size=3, shards=2)
+    params["runtime"] = {"device": "cuda", "update_processes": 2,
+                         "resources": {"rollout": {"mem_mb": 12000, "runtime": 90, "threads": 4},
+                                       "update": {"mem_mb": 64000}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    got = {rule: (threads, {k: res[k] for k in ("mem_mb", "runtime", "gpu") if k in res})
+           for rule, (threads, res) in planned_resources(tmp_path, "--resources", "gpu=8").items()}
+    assert got["rollout_shard"] == (4, {"mem_mb": "12000", "runtime": "90", "gpu": "1"})
+    assert got["rollout"] == (1, {"mem_mb": "2000", "runtime": "30"})          # the merge
+    assert got["update"] == (2, {"mem_mb": "64000", "runtime": "60", "gpu": "2"})
+    assert got["group"] == (1, {"mem_mb": "2000", "runtime": "30"})
+    assert got["init"] == (2, {"mem_mb": "4000", "runtime": "60", "gpu": "1"})
