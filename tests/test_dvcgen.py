@@ -34,6 +34,28 @@ def test_generated_stages_cover_registry_and_iterations():
     assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == 2 + p.loop.iterations + 1
 
 
+def test_shards_are_dvc_stages_too(tmp_path):
+    """With shards, dvc.yaml has a shard stage per (iteration, shard) and the stage itself becomes the merge."""
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"loop": {"iterations": 2}, "rollout": {"shards": 4, "batch_size": 64},
+                                 "runtime": {"update_processes": 2}}))
+    doc = yaml.safe_load(render(load_params(f), str(f)))["stages"]
+    assert list(doc)[:3] == ["init", "rollout_shard", "rollout"]
+    shard = doc["rollout_shard"]
+    assert list(shard["foreach"]) == ["1-0", "1-1", "1-2", "1-3", "2-0", "2-1", "2-2", "2-3"]
+    assert shard["foreach"]["2-3"] == {"it": 2, "prev": 1, "shard": 3}
+    assert shard["do"]["cmd"] == f"python -m stages.rollout --params {f} --iteration ${{item.it}} --shard ${{item.shard}}"
+    assert shard["do"]["outs"] == ["results/iter_${item.it}/shards/rollout_${item.shard}.parquet"]
+    assert "results/iter_${item.prev}/checkpoint" in shard["do"]["deps"]
+    merge = doc["rollout"]["do"]
+    assert merge["cmd"].endswith("--iteration ${item.it} --merge")
+    assert merge["deps"][2:] == [f"results/iter_${{item.it}}/shards/rollout_{k}.parquet" for k in range(4)]
+    assert merge["outs"] == ["results/iter_${item.it}/steps.parquet"]
+    assert "evaluate_shard" not in doc                         # evaluate.shards is 1
+    assert doc["update"]["do"]["cmd"].startswith(
+        "python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 -m stages.update")
+
+
 def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
     from pipeline.methods import METHODS as METHOD_REGISTRY
 
