@@ -31,7 +31,7 @@ class HFSampler:
         model.eval()
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: list[int]) -> list[Generation]:
+                 seed: int | list[int]) -> list[Generation]:
         return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed)
 
     def reset_cache(self) -> None:
@@ -96,9 +96,13 @@ class VLLMSampler:
                        generation_config="vllm", **lora_args)
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: list[int]) -> list[Generation]:
+                 seed: int | list[int]) -> list[Generation]:
         from vllm import SamplingParams
 
+        from pipeline.policy import mix_seed
+
+        if isinstance(seed, int):   # one seed for the call: one per prompt derived from it, as `generate` does
+            seed = [mix_seed(seed, i) for i in range(len(prompt_ids))]
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
                                  stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
