@@ -13,7 +13,9 @@
    forward pass differ (BLAS kernels and padding widths depend on the batch). Reported: the largest log-prob
    difference on the first turn (identical prompts), the share of first-turn tokens that differ, and the share of
    episodes whose play differs anywhere. Shards never see this difference (a shard is whole batches), but it is
-   what changing `rollout.batch_size` does.
+   what changing `rollout.batch_size` does. The same comparison on prompts of unequal length (a random-weight
+   model of the tiny default's shape; text environments' prompts vary in length, Sokoban's do not) counts how
+   often the float differences flip a sampled token.
 """
 
 from __future__ import annotations
@@ -115,6 +117,51 @@ def batch_shape(work: Path, base: dict, batch: int, tasks: int | None) -> dict:
     return out
 
 
+def synthetic_shape(batch: int, prompts: int = 256, new_tokens: int = 12, seed: int = 0) -> dict:
+    """Prompts of unequal length (150-259 tokens, as text environments' observations vary) on a random-weight
+    model of the tiny default's shape, sampled in one batch and in batches of `batch` with the same per-row seeds:
+    the floats differ (padding widths and batch sizes), and this counts the sampled tokens that differ."""
+    import random
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.policy import generate
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=768, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=2)).eval()
+
+    class Tok:
+        pad_token_id, eos_token_id = 0, 1
+
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    rng = random.Random(seed)
+    ids = [[rng.randrange(3, 768) for _ in range(rng.randrange(150, 260))] for _ in range(prompts)]
+    seeds = list(range(prompts))
+    whole = generate(model, Tok(), ids, new_tokens, 1.0, seeds)
+    parts = [g for b in range(0, prompts, batch)
+             for g in generate(model, Tok(), ids[b: b + batch], new_tokens, 1.0, seeds[b: b + batch])]
+    gap, tokens, differ, responses = 0.0, 0, 0, 0
+    for a, b in zip(whole, parts):
+        same = 0
+        while same < min(len(a.response_ids), len(b.response_ids)) and a.response_ids[same] == b.response_ids[same]:
+            same += 1
+        gap = max([gap] + [abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same])])
+        tokens += len(a.response_ids)
+        differ += len(a.response_ids) - same
+        responses += same < len(a.response_ids)
+    out = {"prompts": prompts, "batch_sizes": f"{prompts} vs {batch}", "logprob_max_abs_diff": gap,
+           "responses_differing": responses / prompts, "tokens_after_first_difference": differ / tokens}
+    print(f"unequal prompts, one batch of {prompts} vs batches of {batch}: log-probs differ by up to {gap:.2e}; "
+          f"{responses}/{prompts} responses differ ({differ}/{tokens} tokens from the first difference on)",
+          flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
@@ -131,11 +178,13 @@ def main(argv=None) -> None:
     a.work.mkdir(parents=True)
     rows = throughput(a.work.resolve(), base, a.shards, a.batch_size, a.tasks, a.cores)
     shape = batch_shape(a.work.resolve(), base, a.batch_size, a.tasks)
+    synthetic = synthetic_shape(a.batch_size)
     a.out.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.machine()} {os.cpu_count()} cores"
     table = pl.DataFrame(rows).with_columns(pl.lit(machine).alias("machine"))
     write_text_atomic(a.out / "shards.csv", table.write_csv())
     write_text_atomic(a.out / "shards_batch_shape.csv", pl.DataFrame([shape]).write_csv())
+    write_text_atomic(a.out / "shards_batch_shape_synthetic.csv", pl.DataFrame([synthetic]).write_csv())
     print(f"wrote {a.out / 'shards.csv'} and {a.out / 'shards_batch_shape.csv'}")
 
 
