@@ -2,11 +2,13 @@
 #   snakemake --cores all                          # the whole loop on params.yaml
 #   snakemake --cores all --config params=my.yaml  # another params file
 import sys
+from pathlib import Path
 
 from pipeline.config import ParamsError, load_params
 from pipeline.runs import share_base
-from pipeline.registry import (at, deps_for, enabled_stages, final_targets, params_fingerprint, processes_for,
-                               resources_for, strip_dir)
+from pipeline.dvcgen import record_run
+from pipeline.registry import (CODE_ROOT, at, code_for, deps_for, enabled_stages, final_targets, job_file,
+                               params_fingerprint, processes_for, resources_for, strip_dir)
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -15,6 +17,16 @@ try:
 except (ParamsError, FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 PY = sys.executable
+
+
+def _code(stage):
+    """The job's code (`code_for`), relative in the checkout, else where the imported `pipeline` lives."""
+    here = Path.cwd().resolve() == CODE_ROOT
+    return code_for(stage) if here else [str(CODE_ROOT / f) for f in code_for(stage)]
+
+
+onsuccess:
+    record_run(PARAMS_FILE)   # dvc.lock describes what Snakemake made (README, DVC)
 
 wildcard_constraints:
     it=r"\d+",
@@ -39,17 +51,17 @@ def _outputs(stage):
 # each binds its stage through a default argument or a params value.
 for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA; a sharded stage as shards and a merge
     _res = resources_for(_st, P)
-    _tag = {"whole": "{it}", "merge": "{it}", "shard": "{it}_{shard}"}[_st.role] if _st.per_iteration else ""
-    _job = f"{_st.name}_{_tag}" if _tag else _st.name
     rule:
         name: _st.name
-        input: (lambda wc, st=_st: deps_for(st, P, int(wc.it))) if _st.per_iteration else deps_for(_st, P, None)
+        input:
+            data=(lambda wc, st=_st: deps_for(st, P, int(wc.it))) if _st.per_iteration else deps_for(_st, P, None),
+            code=_code(_st),
         output: _outputs(_st)
         params:
             fingerprint=params_fingerprint(_st, P),
             cmd=lambda wc, st=_st: st.command(PY, PARAMS_FILE, wc.get("it"), wc.get("shard"), processes_for(st, P)),
-        log: at(P, f"results/logs/{_job}.log")
-        benchmark: at(P, f"results/benchmarks/{_job}.tsv")
+        log: job_file(_st, P, "logs")
+        benchmark: job_file(_st, P, "benchmarks")
         threads: _res["threads"]
         # gpu only where > 0: the Kubernetes executor refuses a gpu resource without a manufacturer, even 0
         resources: mem_mb=_res["mem_mb"], runtime=_res["runtime"], **({"gpu": _res["gpu"]} if _res["gpu"] else {})

@@ -8,10 +8,12 @@ A path ending in `/` is a folder (a checkpoint).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
 from pipeline.config import Params
@@ -91,7 +93,7 @@ class Stage:
     # cores Snakemake gives the job. init, fit and update are alone on the critical path and take 2; rollout of
     # i+1 and evaluate of i run side by side, 1 each
     threads: int = 1
-    code: tuple[str, ...] = field(default=())  # extra code deps beyond the shared library and its own module
+    code: tuple[str, ...] = field(default=())  # extra code files beyond what its module imports (`code_for`)
     enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
     loads_model: bool = False  # holds a policy or step-reward model: asks for the `gpu` resource on a GPU device
     mem_mb: int = 4000         # default memory and wall time (minutes) a cluster job asks for (runtime.resources)
@@ -155,14 +157,15 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(), outs=(INITIAL_CHECKPOINT,),
           params=("seed", "env", "prompt", "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
-                  "warmstart"), threads=2, loads_model=True),
+                  "warmstart", "runtime.device"), threads=2, loads_model=True),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
           outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
           params=("seed", "credit.method", *_method_lora), enabled=needs_fit, loads_model=True),
     Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
-          params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout"), loads_model=True,
+          params=("seed", "env", "prompt", "policy.max_new_tokens", "policy.dtype", "rollout", "runtime.device"),
+          loads_model=True,
           shards=lambda p: p.rollout.shards),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", "credit.hgpo.depth"),
           mem_mb=2000, runtime=30),
@@ -170,15 +173,17 @@ STAGES: tuple[Stage, ...] = (
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
                           *_model_tables(PREV_ITER_DIR)),
           outs=(REWARD_MODEL, STEP_REWARDS, *_model_tables(ITER_DIR)),
-          params=("seed", "credit.method", *_method_section), threads=2, enabled=needs_fit, loads_model=True),
+          params=("seed", "credit.method", *_method_section, "policy.dtype", "runtime.device"), threads=2,
+          enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",), mem_mb=2000, runtime=30),
     # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update", "rollout.temperature", "policy.lora"), threads=2, loads_model=True),
+          params=("seed", "update", "rollout.temperature", "policy.lora", "policy.dtype", "runtime.device",
+                  "runtime.update_processes"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
-                  "rollout.batch_size", "evaluate"),
+                  "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),
           loads_model=True, shards=lambda p: p.evaluate.shards),
     # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
     Stage("report", None, deps=(), outs=(REPORT[1],), params=("report", When("env", credit_oracle)),
@@ -277,6 +282,13 @@ def gpus_for(stage: Stage, params: Params) -> int:
     return resources_for(stage, params)["gpu"]
 
 
+def job_file(stage: Stage, params: Params, kind: str) -> str:
+    """Template of a job's Snakemake log (`kind` "logs") or benchmark ("benchmarks") file."""
+    tag = ("{it}_{shard}" if stage.role == "shard" else "{it}") if stage.per_iteration else ""
+    ext = "log" if kind == "logs" else "tsv"
+    return at(params, f"results/{kind}/{stage.name}{'_' + tag if tag else ''}.{ext}")
+
+
 def processes_for(stage: Stage, params: Params) -> int:
     """Processes the stage's job starts: `runtime.update_processes` for the update, else 1."""
     return params.runtime.update_processes if stage.name == "update" else 1
@@ -294,6 +306,60 @@ def resources_for(stage: Stage, params: Params) -> dict[str, int]:
         if own is not None:
             out.update({k: v for k, v in own.model_dump().items() if v is not None})
     return out
+
+
+CODE_ROOT = Path(__file__).resolve().parents[1]   # the checkout whose `pipeline` and `stages` run the stages
+# Modules every stage imports for its plumbing (params schema, this registry, command line, MLflow, threads); a
+# change to them changes outputs only through params, which are dependencies of their own.
+PLUMBING = frozenset({"pipeline.config", "pipeline.registry", "pipeline.stagekit", "pipeline.tracking",
+                      "pipeline.threads", "pipeline.schema"})
+
+
+def _module_file(name: str) -> Path | None:
+    p = CODE_ROOT.joinpath(*name.split("."))
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+@cache
+def _imports(name: str) -> frozenset[str]:
+    """The project modules `name` imports, anywhere in it (function-level imports too). A subpackage counts as all
+    of its modules: the method and environment registries import their members by name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(_module_file(name).read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    out: set[str] = set()
+    for m in found:
+        parts = m.split(".")
+        if parts[0] not in ("pipeline", "stages") or _module_file(m) is None:
+            continue
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1) if _module_file(".".join(parts[:i]))}
+    for pkg in [m for m in out if m.count(".") >= 1 and _module_file(m).name == "__init__.py"]:
+        out |= {f"{pkg}.{f.stem}" for f in _module_file(pkg).parent.glob("*.py") if f.stem != "__init__"}
+    return frozenset(out)
+
+
+@cache
+def _code_files(module: str) -> tuple[str, ...]:
+    seen: set[str] = set()
+    todo = [f"stages.{module}", "stages"]
+    while todo:
+        m = todo.pop()
+        if m not in seen and m not in PLUMBING:
+            seen.add(m)
+            todo.extend(_imports(m))
+    return tuple(sorted(str(_module_file(m).relative_to(CODE_ROOT)) for m in seen))
+
+
+def code_for(stage: Stage) -> list[str]:
+    """The code a stage's job runs, relative to the checkout: its module and every project module it imports,
+    transitively, less the plumbing (`PLUMBING`). Snakemake and DVC both take it as the job's code dependencies,
+    so editing, say, a credit method marks advantages and what follows as stale, and not the rollouts."""
+    return [*_code_files(stage.base), *stage.code]
 
 
 def final_targets(params: Params) -> list[str]:

@@ -67,11 +67,55 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
     return ctx
 
 
+def job_outputs(ctx: StageContext) -> list[str]:
+    """The registry's outputs of this job (the stage, its iteration and its shard or merge role), as Snakemake and
+    DVC name them, and its Snakemake benchmark file; none for a run outside the workflow (evaluation only)."""
+    from pipeline.registry import enabled_stages, fill, job_file, strip_dir
+
+    a = ctx.args
+    if getattr(a, "checkpoint", None) is not None:
+        return []
+    shard = getattr(a, "shard", None)
+    role = "shard" if shard is not None else "merge" if getattr(a, "merge", False) else None
+    for st in enabled_stages(ctx.params):
+        if st.base == ctx.stage and (role is None or st.role == role):
+            outs = [*st.outs_for(ctx.params), job_file(st, ctx.params, "benchmarks")]
+            return [strip_dir(fill(o, ctx.iteration, shard) if ctx.iteration is not None else o) for o in outs]
+    return []
+
+
+def forget_snakemake_records(paths: list[str], root: Path = Path(".")) -> int:
+    """Delete Snakemake's metadata records of `paths` (`.snakemake/metadata/`, one file per output, named by the
+    URL-safe base64 of its path) and a benchmark file among them (Snakemake dates a job by its oldest output or
+    benchmark file). A stage run by DVC calls this for its outputs: Snakemake then judges them by modification time
+    alone, as files it did not make, instead of by the params and code of the run that made them before. Under
+    Snakemake the record and the benchmark are written again when the job ends."""
+    from base64 import urlsafe_b64encode
+
+    folder = root / ".snakemake" / "metadata"
+    if not folder.is_dir():
+        return 0
+    gone = 0
+    for path in paths:
+        if path.endswith(".tsv") and "/benchmarks/" in path:
+            (root / path).unlink(missing_ok=True)
+            continue
+        b64 = urlsafe_b64encode(path.encode()).decode()
+        parts = [b64[i: i + 254] for i in range(0, len(b64), 254)]
+        record = folder.joinpath(*["@" + x for x in parts[:-1]], parts[-1])
+        if record.is_file():
+            record.unlink()
+            gone += 1
+    return gone
+
+
 @contextmanager
 def stage_errors(ctx: StageContext):
-    """Turn the errors a user can cause into one clear line and exit status 1 (no traceback noise)."""
+    """Turn the errors a user can cause into one clear line and exit status 1 (no traceback noise). On success,
+    forget Snakemake's records of the job's outputs (`forget_snakemake_records`)."""
     try:
         yield
+        forget_snakemake_records(job_outputs(ctx))
     except (TableError, ParamsError, FileNotFoundError, ValueError, ArithmeticError) as e:
         print(f"error in stage {ctx.stage}"
               f"{'' if ctx.iteration is None else f' (iteration {ctx.iteration})'}: {e}", file=sys.stderr)

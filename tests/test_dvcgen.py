@@ -6,7 +6,7 @@ import yaml
 
 from pipeline.config import load_params
 from pipeline.dvcgen import render
-from pipeline.registry import STAGES, enabled_stages
+from pipeline.registry import STAGE_BY_NAME, STAGES, code_for, enabled_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,12 +26,26 @@ def test_generated_stages_cover_registry_and_iterations():
     assert "results/iter_${item.prev}/checkpoint" in doc["update"]["do"]["deps"]
     assert doc["advantages"]["do"]["params"] == ["credit"]
     # code, every iteration's evaluation, and (report.credit_oracle) the tables of the RL iterations it scores
-    assert len(doc["report"]["deps"]) == 2 + p.loop.iterations + 1 + 3 * p.loop.iterations
+    code = code_for(STAGE_BY_NAME["report"])
+    assert doc["report"]["deps"][:len(code)] == code
+    assert len(doc["report"]["deps"]) == len(code) + p.loop.iterations + 1 + 3 * p.loop.iterations
     assert doc["report"]["metrics"] == [{"results/report/metrics.json": {"cache": False}}]
     assert doc["report"]["plots"] == [{"results/report/success_curve.csv": {"cache": False, "x": "iteration",
                                                                             "y": "success_rate"}}]
     off = p.model_copy(update={"report": p.report.model_copy(update={"credit_oracle": False})})
-    assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == 2 + p.loop.iterations + 1
+    assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == len(code) + p.loop.iterations + 1
+
+
+def test_code_dependencies_are_what_each_stage_imports():
+    """Code deps come from the stage modules' imports (function-level ones too), less the plumbing; a registry
+    package counts as all its modules. The credit methods are the advantages' and not the rollout's."""
+    rollout, advantages = code_for(STAGE_BY_NAME["rollout"]), code_for(STAGE_BY_NAME["advantages"])
+    assert {"stages/rollout.py", "pipeline/rollout.py", "pipeline/engines.py", "pipeline/policy.py",
+            "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py", "pipeline/prompting.py"} <= set(rollout)
+    assert not any(f.startswith("pipeline/methods/") for f in rollout)
+    assert {"pipeline/methods/gigpo.py", "pipeline/methods/spa.py", "pipeline/grouping.py"} <= set(advantages)
+    assert "pipeline/config.py" not in advantages and "pipeline/tracking.py" not in rollout
+    assert "stages/rollout.py" in code_for(STAGE_BY_NAME["evaluate"])     # evaluate plays with the rollout's code
 
 
 def test_shards_are_dvc_stages_too(tmp_path):
@@ -44,12 +58,14 @@ def test_shards_are_dvc_stages_too(tmp_path):
     shard = doc["rollout_shard"]
     assert list(shard["foreach"]) == ["1-0", "1-1", "1-2", "1-3", "2-0", "2-1", "2-2", "2-3"]
     assert shard["foreach"]["2-3"] == {"it": 2, "prev": 1, "shard": 3}
-    assert shard["do"]["cmd"] == f"python -m stages.rollout --params {f} --iteration ${{item.it}} --shard ${{item.shard}}"
+    assert shard["do"]["cmd"] == (f"python -m stages.rollout --params {f} --iteration ${{item.it}} "
+                                  "--shard ${item.shard}")
     assert shard["do"]["outs"] == ["results/iter_${item.it}/shards/rollout_${item.shard}.parquet"]
     assert "results/iter_${item.prev}/checkpoint" in shard["do"]["deps"]
     merge = doc["rollout"]["do"]
     assert merge["cmd"].endswith("--iteration ${item.it} --merge")
-    assert merge["deps"][2:] == [f"results/iter_${{item.it}}/shards/rollout_{k}.parquet" for k in range(4)]
+    assert [d for d in merge["deps"] if d.startswith("results/")] == [
+        f"results/iter_${{item.it}}/shards/rollout_{k}.parquet" for k in range(4)]
     assert merge["outs"] == ["results/iter_${item.it}/steps.parquet"]
     assert "evaluate_shard" not in doc                         # evaluate.shards is 1
     assert doc["update"]["do"]["cmd"].startswith(
@@ -75,7 +91,8 @@ def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
                 assert f"results/iter_${{item.prev}}/{table}" in fit_deps
                 assert f"results/iter_${{item.it}}/{table}" in fit_outs
                 assert f"results/iter_0/{table}" in doc["reward_init"]["outs"]
-            assert doc["fit"]["do"]["params"] == ["seed", "credit.method", f"credit.{method}"]
+            assert doc["fit"]["do"]["params"] == ["seed", "credit.method", f"credit.{method}", "policy.dtype",
+                                                      "runtime.device"]
     assert {s.name for s in STAGES} >= {"fit", "reward_init"}
 
 
