@@ -262,9 +262,9 @@ def mix_seed(*parts: int) -> int:
 class _SeededSampling:
     """A logits processor that samples each row from softmax(logits / temperature) with the row's own generator.
 
-    It returns logits / temperature - log(q), q ~ Exp(1) drawn per row (float64, so q is never 0), whose argmax is
-    a sample of that softmax (the exponential-race form of the Gumbel-max trick, as vLLM samples); `generate` then
-    decodes greedily. A row's draws depend only on its seed and its position, not on the other rows of the batch,
+    The argmax of logits / temperature - log(q), q ~ Exp(1) drawn per row (float64, so q is never 0), is a sample
+    of that softmax (the exponential-race form of the Gumbel-max trick, as vLLM samples); it returns scores that
+    are 0 at that token and -inf elsewhere, and `generate` decodes greedily. A row's draws depend only on its seed and its position, not on the other rows of the batch,
     so an episode samples the same tokens whichever batch or shard it is generated in."""
 
     def __init__(self, temperature: float, seeds: list[int], device: torch.device):
@@ -272,11 +272,12 @@ class _SeededSampling:
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.double() / self.temperature
-        q = torch.empty_like(logits)
-        for row, g in zip(q, self.generators, strict=True):
-            row.exponential_(generator=g)
-        return logits - q.log()
+        # one row at a time: a [vocab] float64 buffer, never a [batch, vocab] one (memory, not maths)
+        out = torch.full_like(scores, float("-inf"))
+        for i, g in enumerate(self.generators):
+            q = torch.empty(scores.shape[1], dtype=torch.float64, device=scores.device).exponential_(generator=g)
+            out[i, (scores[i].double() / self.temperature - q.log()).argmax()] = 0.0
+        return out
 
 
 @torch.no_grad()

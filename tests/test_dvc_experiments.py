@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 def experiments(tmp_path_factory):
     # a warm start long enough that the policy plays valid moves, some of them good: the oracle has turns to rank
     d = dvc_repo(tmp_path_factory.mktemp("dvcexp"), tracking={"enabled": False},
-                 warmstart={"episodes": 60, "steps": 120, "clean_steps": 120, "batch_size": 16})
+                 warmstart={"episodes": 100, "steps": 240, "clean_steps": 240, "batch_size": 16})
     sh([BIN / "dvc", "repro"], d)
     sh([*GIT, "add", "-A"], d)
     sh([*GIT, "commit", "-qm", "baseline"], d)
