@@ -264,8 +264,9 @@ class _SeededSampling:
 
     The argmax of logits / temperature - log(q), q ~ Exp(1) drawn per row (float64, so q is never 0), is a sample
     of that softmax (the exponential-race form of the Gumbel-max trick, as vLLM samples); it returns scores that
-    are 0 at that token and -inf elsewhere, and `generate` decodes greedily. A row's draws depend only on its seed and its position, not on the other rows of the batch,
-    so an episode samples the same tokens whichever batch or shard it is generated in."""
+    are 0 at that token and -inf elsewhere, and `generate` decodes greedily. A row's draws depend only on its seed
+    and its position, not on the other rows of the batch, so an episode samples the same tokens whichever batch or
+    shard it is generated in."""
 
     def __init__(self, temperature: float, seeds: list[int], device: torch.device):
         self.temperature = temperature
