@@ -2,13 +2,12 @@
 #   snakemake --cores all                          # the whole loop on params.yaml
 #   snakemake --cores all --config params=my.yaml  # another params file
 import sys
-from pathlib import Path
 
 from pipeline.config import ParamsError, load_params
 from pipeline.runs import share_base
 from pipeline.dvcgen import record_run
-from pipeline.registry import (CODE_ROOT, at, code_for, deps_for, enabled_stages, final_targets, job_file,
-                               params_fingerprint, processes_for, resources_for, strip_dir)
+from pipeline.registry import (at, code_inputs, deps_for, enabled_stages, final_targets, job_file, params_fingerprint,
+                               processes_for, resources_for, strip_dir)
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -17,12 +16,6 @@ try:
 except (ParamsError, FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 PY = sys.executable
-
-
-def _code(stage):
-    """The job's code (`code_for`), relative in the checkout, else where the imported `pipeline` lives."""
-    here = Path.cwd().resolve() == CODE_ROOT
-    return code_for(stage) if here else [str(CODE_ROOT / f) for f in code_for(stage)]
 
 
 onsuccess:
@@ -55,7 +48,7 @@ for _st in enabled_stages(P):  # e.g. the fit stages only for OPRL and SPA; a sh
         name: _st.name
         input:
             data=(lambda wc, st=_st: deps_for(st, P, int(wc.it))) if _st.per_iteration else deps_for(_st, P, None),
-            code=_code(_st),
+            code=code_inputs(_st),
         output: _outputs(_st)
         params:
             fingerprint=params_fingerprint(_st, P),

@@ -202,7 +202,8 @@ class StageResources(Section):
 
 class RuntimeConfig(Section):
     torch_threads: int = Field(0, ge=0, description="threads of torch, BLAS and polars in every stage, however it is "
-                               "started; 0: the cores Snakemake gives the job, else all cores")
+                               "started; 0: the job's declared threads (runtime.resources), at most the machine's "
+                               "cores, under Snakemake and DVC alike; all cores for a stage started by hand")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="where the models run: auto (cuda when torch sees a GPU, else cpu), cpu, cuda "
                         "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "

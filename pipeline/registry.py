@@ -362,6 +362,13 @@ def code_for(stage: Stage) -> list[str]:
     return [*_code_files(stage.base), *stage.code]
 
 
+def code_inputs(stage: Stage) -> list[str]:
+    """`code_for` as the Snakefile names the job's code inputs: relative when the workflow runs in the checkout,
+    else where the imported `pipeline` lives."""
+    here = Path.cwd().resolve() == CODE_ROOT
+    return code_for(stage) if here else [str(CODE_ROOT / f) for f in code_for(stage)]
+
+
 def final_targets(params: Params) -> list[str]:
     return ([at(params, r) for r in (*REPORT, REPORT_METRICS)]
             + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)])

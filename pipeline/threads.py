@@ -1,7 +1,8 @@
 """How many threads a stage's numeric libraries use: `runtime.torch_threads`, set before any of them is imported.
 
-0 (the default) means the cores Snakemake gives the job (it exports CREDITRL_THREADS), or every core when the
-stage runs otherwise (`dvc repro`, `python -m stages.X`). OpenMP, MKL, OpenBLAS and polars read their thread
+0 (the default) means the threads the job declares (`runtime.resources`), which Snakemake's rule and DVC's command
+both export as CREDITRL_THREADS (so either tool computes the same floats), at most the machine's cores; a stage
+started by hand (`python -m stages.X`) takes every core. OpenMP, MKL, OpenBLAS and polars read their thread
 counts from the environment when they are first imported, so `stages/__init__.py` calls `configure` before a stage
 module imports anything heavy; `apply` sets torch's count again in case torch was imported earlier (a stage
 called in-process). `in_effect` reports what the stage actually ran with (`runtime/*` metrics).
@@ -16,7 +17,8 @@ ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX
 
 
 def resolve(torch_threads: int) -> int:
-    return torch_threads or int(os.environ.get("CREDITRL_THREADS") or 0) or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
+    return torch_threads or min(int(os.environ.get("CREDITRL_THREADS") or 0), cores) or cores
 
 
 def _params_file(argv: list[str]) -> str:

@@ -1,6 +1,7 @@
 """Snakemake and DVC agree on what is stale, whichever ran last: after a Snakemake run dvc.lock describes its
 outputs, after `dvc repro` Snakemake plans nothing, and code is a dependency of the stages that run it in both."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -52,17 +53,21 @@ def test_after_snakemake_dvc_is_up_to_date_and_reruns_only_the_method(repo):
 
 def test_editing_a_credit_method_marks_advantages_and_later_in_both(repo):
     module = repo / "pipeline" / "methods" / "gigpo.py"
+    rollout = repo / "stages" / "rollout.py"
+    kept = {p: (p.read_text(), p.stat()) for p in (module, rollout)}
     module.write_text(module.read_text() + "\n# an edit\n")
     # Snakemake plans the stage and what follows; DVC marks the stage, and reruns what follows only where the
     # stage's outputs change (content hashes)
     assert planned_jobs(repo) == {"advantages@1", "update@1", "evaluate@1", "report"}
     assert stale_in_dvc(repo) == {"advantages@1"}
-    rollout = repo / "stages" / "rollout.py"
     rollout.write_text(rollout.read_text() + "\n# an edit\n")
     # evaluate plays episodes with stages.rollout's code too; init does not run it
     assert planned_jobs(repo) == {"rollout@1", "group@1", "advantages@1", "update@1", "evaluate@0", "evaluate@1",
                                   "report"}
     assert stale_in_dvc(repo) == {"advantages@1", "rollout@1", "evaluate@0", "evaluate@1"}
+    for path, (text, stat) in kept.items():   # undo the edits, dates included, for the tests that follow
+        path.write_text(text)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_every_stage_that_loads_a_model_depends_on_the_device_in_both(repo):
@@ -71,3 +76,17 @@ def test_every_stage_that_loads_a_model_depends_on_the_device_in_both(repo):
         body = dvc[name].get("do", dvc[name])
         assert "runtime.device" in body["params"], name
     assert "runtime.device" not in dvc["advantages"]["do"]["params"]
+
+
+def test_a_rerun_that_changes_no_output_leaves_both_up_to_date(repo):
+    # DVC runs the rollout with the threads Snakemake gave it, so it samples the same tokens
+    sh([BIN / "dvc", "repro", "--force", "--single-item", "rollout@1"], repo)
+    assert "up to date" in sh([BIN / "dvc", "status"], repo).lower()
+    assert planned_jobs(repo) == set()
+    # an edit that leaves the checkpoint as it was: DVC stops after the update, and so does Snakemake, though the
+    # checkpoint folder (which Snakemake cannot checksum) was written again
+    update = repo / "stages" / "update.py"
+    update.write_text(update.read_text() + "\n# an edit\n")
+    out = sh([BIN / "dvc", "repro"], repo)
+    assert {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")} == {"update@1"}
+    assert planned_jobs(repo) == set()

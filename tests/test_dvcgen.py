@@ -58,8 +58,9 @@ def test_shards_are_dvc_stages_too(tmp_path):
     shard = doc["rollout_shard"]
     assert list(shard["foreach"]) == ["1-0", "1-1", "1-2", "1-3", "2-0", "2-1", "2-2", "2-3"]
     assert shard["foreach"]["2-3"] == {"it": 2, "prev": 1, "shard": 3}
-    assert shard["do"]["cmd"] == (f"python -m stages.rollout --params {f} --iteration ${{item.it}} "
-                                  "--shard ${item.shard}")
+    # each command exports the threads its Snakemake rule declares (registry defaults: 1 for a rollout shard)
+    assert shard["do"]["cmd"] == (f"CREDITRL_THREADS=1 python -m stages.rollout --params {f} "
+                                  "--iteration ${item.it} --shard ${item.shard}")
     assert shard["do"]["outs"] == ["results/iter_${item.it}/shards/rollout_${item.shard}.parquet"]
     assert "results/iter_${item.prev}/checkpoint" in shard["do"]["deps"]
     merge = doc["rollout"]["do"]
@@ -69,7 +70,8 @@ def test_shards_are_dvc_stages_too(tmp_path):
     assert merge["outs"] == ["results/iter_${item.it}/steps.parquet"]
     assert "evaluate_shard" not in doc                         # evaluate.shards is 1
     assert doc["update"]["do"]["cmd"].startswith(
-        "python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 -m stages.update")
+        "CREDITRL_THREADS=2 python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 "
+        "-m stages.update")
 
 
 def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
