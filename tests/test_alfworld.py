@@ -2,6 +2,7 @@
 loads the official ones, commands are parsed exactly, the planner's distance falls by one along its plan and is
 the shortest, held-out tasks come from their own split, and the tiny configuration runs end to end."""
 
+import json
 from collections import deque
 from pathlib import Path
 
@@ -93,9 +94,18 @@ def test_commands_are_matched_exactly_and_invalid_turns_change_nothing():
     assert ok.action_valid and ok.observation.startswith(f"You arrive at {go[6:]}.")
 
 
+READ_ONLY = ("look", "inventory", "help", "examine")   # commands whose only effect is a `checked` fact
+
+
+def _state(env) -> frozenset[str]:
+    """The game's facts, less `checked(...)`: no precondition or goal reads it (the test checks the domain)."""
+    return frozenset(f for f in map(str, env._pddl()._pddl_state.facts) if not f.startswith("checked("))
+
+
 def _shortest(env, limit: int) -> int | None:
     """Breadth-first search over the game's states (facts) from its start, replaying each path from a reset:
-    the length of the shortest winning path, or None if none is at most `limit` long."""
+    the length of the shortest winning path, or None if none is at most `limit` long. Commands that only read
+    (`READ_ONLY`) lead back to the same state (`_state`) and are not tried."""
     def replay(path):
         env.state = env.env.reset()
         for c in path:
@@ -103,17 +113,19 @@ def _shortest(env, limit: int) -> int | None:
         return env.state
 
     start = replay(())
-    seen = {frozenset(map(str, env._pddl()._pddl_state.facts))}
+    seen = {_state(env)}
     queue = deque([((), start)])
     while queue:
         path, state = queue.popleft()
         if len(path) == limit:
             continue
         for c in state.admissible_commands:
+            if c.startswith(READ_ONLY):
+                continue
             nxt = replay(path + (c,))
             if nxt.won:
                 return len(path) + 1
-            key = frozenset(map(str, env._pddl()._pddl_state.facts))
+            key = _state(env)
             if key not in seen:
                 seen.add(key)
                 queue.append((path + (c,), nxt))
@@ -125,6 +137,15 @@ def test_the_planners_distance_is_the_shortest_path():
     env = make_env(alf_params(task_types=[1]).env)
     env.reset(task_seed("train", 0, 1, 0))
     d = int(env.oracle_distance())
+    game = json.loads(Path(env.path).read_text())
+    for action in game["pddl_domain"].split("(:action")[1:]:     # `checked` is only ever an effect
+        assert "checked" not in action.split(":effect")[0], action[:40]
+    assert "checked" not in game["pddl_problem"].split("(:goal")[1]
+    start = env.env.reset()
+    facts = _state(env)
+    for c in [c for c in start.admissible_commands if c.startswith(READ_ONLY)]:
+        env.env.step(c)
+        assert _state(env) == facts, c
     assert _shortest(env, d) == d
 
 

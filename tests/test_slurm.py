@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "sinfo", "scontrol")
 
 
-def test_slurm_profile_runs_the_sharded_rollout(tmp_path):
+def test_slurm_profile_runs_the_sharded_rollout(grpo_run, tmp_path):
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="the cluster extra: pip install -e '.[cluster]'")
     work = tmp_path / "work"
     work.mkdir()
@@ -28,8 +28,10 @@ def test_slurm_profile_runs_the_sharded_rollout(tmp_path):
     params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
     params["rollout"].update(batch_size=3, shards=2)
     params["tracking"] = {"enabled": False}
-    params["runtime"] = {"resources": {"rollout": {"mem_mb": 3000, "runtime": 17}}}
+    params["runtime"] = {"resources": {"rollout": {"mem_mb": 3000, "runtime": 17, "threads": 2}}}
     (work / "params.yaml").write_text(yaml.safe_dump(params))
+    # the initial policy of the shared tiny run (the same init params), dates kept: Snakemake takes it as made
+    shutil.copytree(grpo_run / "results/iter_0/checkpoint", work / "results/iter_0/checkpoint")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
@@ -38,13 +40,14 @@ def test_slurm_profile_runs_the_sharded_rollout(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
            "FAKE_SLURM_DIR": str(state)}
     r = subprocess.run([SNAKEMAKE, "--profile", "profiles/slurm", "--slurm-init-seconds-before-status-checks", "1",
+                        "--seconds-between-status-checks", "1",
                         "results/iter_1/steps.parquet"], cwd=work, env=env, capture_output=True, text=True,
                        timeout=900)
     jobs = [json.loads(p.read_text()) for p in sorted((state / "jobs").glob("*.json"))]
     logs = "\n".join(Path(j["output"]).read_text()[-1500:] for j in jobs if Path(j["output"]).is_file())
     assert r.returncode == 0, r.stderr[-4000:] + logs
     by_rule = {j["comment"]: j for j in jobs}
-    assert set(by_rule) == {"rule_init", "rule_rollout_shard_wildcards_1_0", "rule_rollout_shard_wildcards_1_1",
+    assert set(by_rule) == {"rule_rollout_shard_wildcards_1_0", "rule_rollout_shard_wildcards_1_1",
                             "rule_rollout_wildcards_1"}
     assert all(j["state"] == "COMPLETED" for j in jobs)
 
@@ -52,9 +55,8 @@ def test_slurm_profile_runs_the_sharded_rollout(tmp_path):
         a = by_rule[rule]["args"]
         return a[a.index("--mem") + 1], a[a.index("-t") + 1], next(x for x in a if x.startswith("--cpus-per-task"))
 
-    assert asked("rule_init") == ("4000", "60", "--cpus-per-task=2")
-    assert asked("rule_rollout_shard_wildcards_1_0") == ("3000", "17", "--cpus-per-task=1")   # runtime.resources
-    assert asked("rule_rollout_wildcards_1") == ("2000", "30", "--cpus-per-task=1")            # the merge
+    assert asked("rule_rollout_shard_wildcards_1_0") == ("3000", "17", "--cpus-per-task=2")   # runtime.resources
+    assert asked("rule_rollout_wildcards_1") == ("2000", "30", "--cpus-per-task=1")            # the merge's own
     assert not any(a.startswith("--gpus") for j in jobs for a in j["args"])                    # a CPU run
     assert (work / "results/iter_1/shards/rollout_1.parquet").is_file()
     steps = __import__("polars").read_parquet(work / "results/iter_1/steps.parquet")
