@@ -216,6 +216,10 @@ class RuntimeConfig(Section):
         "mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
     update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
                                   "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
+    update_sharding: Literal["replicate", "fsdp"] = Field(
+        "replicate", description="with update_processes > 1: every process holds the whole model (replicate, as "
+        "DDP), or a 1/N shard of its weights, gradients and AdamW moments (fsdp: FSDP2, for models whose full "
+        "fine-tuning does not fit one GPU)")
 
 
 class FaultsConfig(Section):
@@ -280,6 +284,14 @@ class Params(Section):
         unknown = sorted(set(self.runtime.resources) - set(STAGE_BY_NAME))
         if unknown:
             raise ValueError(f"runtime.resources: unknown stage(s) {unknown}; expected some of {list(STAGE_BY_NAME)}")
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_without_fp16(self):
+        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 \
+                and self.policy.dtype == "float16":
+            raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
+                             "policy.dtype bfloat16 (or float32)")
         return self
 
     @model_validator(mode="after")

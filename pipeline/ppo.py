@@ -84,14 +84,16 @@ def all_reduce_grads(params: list[torch.Tensor]) -> None:
 def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
                ref_logps=None, progress: Callable[[str], None] | None = None,
                temperature: float = 1.0, rank: int = 0, world: int = 1,
-               trace: list[float] | None = None) -> dict[str, float]:
+               trace: list[float] | None = None, sharded: bool = False) -> dict[str, float]:
     """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
     log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
 
     With `world` > 1 processes (torch.distributed initialised), every process draws the same minibatches, runs
     its own share of each (`share`), and the gradients and statistics are summed across processes before the
     same clipped optimiser step on each: the update is that of one process, up to float summation order.
-    `trace` receives each optimiser step's loss."""
+    With `sharded` (an FSDP model, `pipeline.sharding`) the backward passes reduce the gradients themselves, so
+    every process runs as many micro-batches as the busiest one (a process short of turns runs one more with its
+    loss times 0: FSDP's collectives must pair up). `trace` receives each optimiser step's loss."""
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl",
@@ -112,8 +114,14 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
             sums = dict.fromkeys(("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl"), 0.0)
             optimizer.zero_grad(set_to_none=True)
             mine = share(idx, rank, world)
-            for m in range(0, len(mine), micro):
+            rounds = math.ceil(len(mine) / micro)
+            if sharded:
+                rounds = max(math.ceil(len(share(idx, r, world)) / micro) for r in range(world))
+            for m in range(0, rounds * micro, micro):
                 part = mine[m: m + micro]
+                idle = not part          # a sharded process with no turns left: a pass that adds nothing
+                if idle:
+                    part = idx[:1]
                 ids, _, resp = pad_batch([prompts[i] for i in part], [responses[i] for i in part], pad_id)
                 logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0,
                                                temperature=temperature)
@@ -129,21 +137,25 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                     ref[resp] = torch.cat([ref_logps[i] for i in part]).to(logp.device)
                     kl = (low_var_kl(logp, ref) * mask).sum() / tokens
                     loss = loss + cfg.kl_coef * kl
-                    sums["kl"] += kl.item()
+                    sums["kl"] += 0.0 if idle else kl.item()
                 if entropy is not None:
                     ent = (entropy * mask).sum() / tokens
                     loss = loss - cfg.entropy_coef * ent
-                    sums["entropy"] += ent.item()
+                    sums["entropy"] += 0.0 if idle else ent.item()
                 if not torch.isfinite(loss):
                     raise NonFiniteError(f"PPO loss is {float(loss)} at {where}")
-                stepper.backward(loss)
+                if idle:
+                    stepper.backward(loss * 0.0)
+                    continue
+                stepper.backward(loss * world if sharded else loss)   # FSDP averages what it reduces
                 for k, v in (("loss", loss.item()), ("pg_loss", pg_loss.item()), ("clipfrac", info["clipfrac"]),
                              ("approx_kl", info["approx_kl"])):
                     sums[k] += v
             if world > 1:
                 import torch.distributed as dist
 
-                all_reduce_grads(stepper.params)
+                if not sharded:
+                    all_reduce_grads(stepper.params)
                 keys = list(sums)
                 total = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=stepper.params[0].device)
                 dist.all_reduce(total)

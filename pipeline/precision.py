@@ -58,7 +58,8 @@ class Stepper:
         (`NonFiniteError` naming `where`), except under fp16 scaling, where the scaler skips the step and lowers
         its scale."""
         self.scaler.unscale_(self.optimizer)
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)   # FSDP: a DTensor
         if not math.isfinite(norm) and not self.scaler.is_enabled():
             raise NonFiniteError(f"gradient norm is {norm} at {where}")
         self.skipped += not math.isfinite(norm)

@@ -180,7 +180,7 @@ STAGES: tuple[Stage, ...] = (
     # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "policy.lora", "policy.dtype", "runtime.device",
-                  "runtime.update_processes"), threads=2, loads_model=True),
+                  "runtime.update_processes", "runtime.update_sharding"), threads=2, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
                   "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),

@@ -149,8 +149,8 @@ def dvc_hash(path: Path) -> str:
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
-def _locked_hashes(root: Path) -> dict[str, str]:
-    """Output path -> md5 of every output `dvc.lock` records (DVC 3 hashes only)."""
+def _locked_hashes(root: Path) -> dict[str, dict]:
+    """Output path -> its entry in `dvc.lock` (md5, size, nfiles for a folder), for DVC 3 hashes."""
     lock = root / "dvc.lock"
     if not lock.is_file():
         return {}
@@ -158,8 +158,21 @@ def _locked_hashes(root: Path) -> dict[str, str]:
         stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
     except yaml.YAMLError:
         return {}
-    return {o["path"].rstrip("/"): o["md5"] for body in stages.values() for o in body.get("outs") or []
+    return {o["path"].rstrip("/"): o for body in stages.values() for o in body.get("outs") or []
             if o.get("hash") == "md5" and "md5" in o}
+
+
+def same_as_locked(path: Path, entry: dict | None) -> bool:
+    """Whether `path` holds the bytes `dvc.lock`'s entry records: sizes first (and the number of files of a
+    folder), the md5 only where they agree."""
+    if entry is None or not path.exists():
+        return False
+    files = [f for f in path.rglob("*") if f.is_file() and f.name != SNAKEMAKE_STAMP] if path.is_dir() else [path]
+    if entry.get("size") != sum(f.stat().st_size for f in files):
+        return False
+    if path.is_dir() and entry.get("nfiles") != len(files):
+        return False
+    return dvc_hash(path) == entry["md5"]
 
 
 def _sha256(path: Path) -> str:
@@ -220,7 +233,7 @@ def keep_snakemake_records(ctx: StageContext, root: Path = Path(".")) -> bool:
     checksums = {i: _sha256(root / i) for i in inputs
                  if (root / i).is_file() and (root / i).stat().st_size <= CHECKSUM_LIMIT}
     locked = _locked_hashes(root)
-    same = all(o in locked and (root / o).exists() and dvc_hash(root / o) == locked[o] for o in outs)
+    same = all(same_as_locked(root / o, locked.get(o)) for o in outs)
     # a folder input newer than the old date has no checksum to vouch for it: the outputs keep their new dates
     same = same and not any((root / i).is_dir() and _mtime(root / i) > r["endtime"]
                             for i in inputs for r in records.values())

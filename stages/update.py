@@ -9,6 +9,8 @@ non-finite loss or advantage stops the stage before anything is written.
 With `runtime.update_processes: N` the workflow starts the stage under torchrun with N processes (one GPU each on
 a GPU, gloo on the CPU): each recomputes log π_old for its share of the turns, takes its share of every minibatch,
 and the gradients are summed across processes before each optimiser step (`pipeline.ppo`); process 0 writes.
+Each process holds the whole model (`runtime.update_sharding: replicate`), or a shard of its weights, gradients
+and moments (`fsdp`: FSDP2, `pipeline.sharding`).
 Every optimiser step's loss goes to the stage's MLflow run as `update/step_loss`.
 """
 
@@ -113,18 +115,37 @@ def main(argv=None) -> None:
             ref = shared_logprobs(ref_model, prompts, responses, tokenizer.pad_token_id, p.update.minibatch_size,
                                   temperature, rank, world)
             del ref_model
-        trainable = [q for q in model.parameters() if q.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=p.update.lr, weight_decay=p.update.weight_decay)
+        def adamw(params):
+            return torch.optim.AdamW(params, lr=p.update.lr, weight_decay=p.update.weight_decay)
+
+        optimizer = adamw([q for q in model.parameters() if q.requires_grad])
         optstate.restore(optimizer, ctx.path(ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
+        sharded = world > 1 and p.runtime.update_sharding == "fsdp"
+        if sharded:   # after log pi_old: every process held the whole model for it
+            from pipeline.sharding import shard_model
+
+            optimizer = shard_model(model, optimizer, adamw, next(model.parameters()).device)
+            ctx.log(f"FSDP: each of {world} processes holds 1/{world} of the weights, gradients and moments")
         trace: list[float] = []
         stats = ppo_update(model, optimizer, prompts, responses, advantages, old, p.update,
                            tokenizer.pad_token_id, seed=p.seed * 7919 + it, ref_logps=ref, progress=ctx.log,
-                           temperature=temperature, rank=rank, world=world, trace=trace)
+                           temperature=temperature, rank=rank, world=world, trace=trace, sharded=sharded)
         stats.update(mismatch)
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
+        if sharded:   # the whole weights and moments, gathered on process 0 into an unsharded model
+            from pipeline.sharding import full_state
+
+            weights, state = full_state(model, optimizer)
         if rank:   # process 0 writes the checkpoint, the optimiser state and the metrics
             return
+        if sharded:
+            model, _ = load_policy(prev, p.policy.dtype, "cpu", train=True)
+            if p.policy.lora is not None:
+                model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
+            model.load_state_dict(weights)
+            optimizer = adamw([q for q in model.parameters() if q.requires_grad])
+            optimizer.load_state_dict(state)
         for k, loss in enumerate(trace):
             tracker.log_metrics({"update/step_loss": loss}, step=k)
         out = ctx.path(CHECKPOINT)

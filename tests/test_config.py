@@ -50,6 +50,9 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
      "key 'credit.gigpo.episode_stats': unknown key (not in the schema; check its spelling and section); the "
      "episode level is shared by every method now: set credit.episode.episode_stats"),
     ({"credit": {"grpo": {"mode": "mean_norm"}}}, "set credit.episode.mode"),
+    ({"runtime": {"update_sharding": "zero3"}}, "key 'runtime.update_sharding'"),
+    ({"runtime": {"update_sharding": "fsdp", "update_processes": 2}, "policy": {"dtype": "float16"}},
+     "runtime.update_sharding: fsdp does not scale fp16 losses across shards; use policy.dtype bfloat16"),
 ])
 def test_bad_params_name_the_key(tmp_path, data, fragment):
     path = write(tmp_path, data)
