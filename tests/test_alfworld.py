@@ -175,8 +175,8 @@ def test_tiny_alfworld_configuration_end_to_end(tmp_path):
     run_env_config(tmp_path, "alfworld.yaml", env={"max_turns": 6}, credit={"method": "gigpo"})
     import polars as pl
 
-    steps = pl.read_parquet(tmp_path / "results/iter_2/steps.parquet")
+    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
     assert steps["prompt"][0].startswith("ALFWorld. Your task is to: ") and "Admissible actions: [go to " in \
         steps["prompt"][0]
-    held_out = pl.read_parquet(tmp_path / "results/iter_2/eval.parquet")
+    held_out = pl.read_parquet(tmp_path / "results/iter_1/eval.parquet")
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4

@@ -120,6 +120,13 @@ def test_learning_smoke(tmp_path):
     a, b = (work / f"{m}_s0" / "results" / "iter_1" / "steps.parquet" for m in ("grpo", "rloo"))
     assert a.is_symlink() and b.is_symlink() and a.resolve() == b.resolve() == \
         (work / "base_s0" / "results" / "iter_1" / "steps.parquet").resolve()
+    # RLOO end to end: episode advantages only, no step score, the terms adding up
+    from pipeline import tables
+
+    adv = tables.read_table(work / "rloo_s0/results/iter_1/advantages.parquet", tables.ADVANTAGES)
+    assert adv.height > 0 and adv["step_score"].null_count() == adv.height
+    assert (adv["advantage"] - adv["episode_advantage"] - adv["step_advantage"] + adv["penalty"]).abs().max() < 1e-12
+    assert (work / "rloo_s0/results/iter_1/checkpoint/model.safetensors").is_file()
     table = learning.report(work, ["grpo", "rloo"], [0], out, log=False)
     curves = pl.read_csv(out / "learning_curves.csv")
     assert curves.height == 4 and curves["iteration"].to_list() == [0, 1, 0, 1]

@@ -27,7 +27,8 @@ def stale_in_dvc(d) -> set[str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    d = dvc_repo(tmp_path_factory.mktemp("agree"), tracking={"enabled": False})
+    # the registry's threads: a rollout gets 1 where DVC alone would take every core
+    d = dvc_repo(tmp_path_factory.mktemp("agree"), tracking={"enabled": False}, runtime={"resources": {}})
     workflow_files(d)
     out = sh([BIN / "snakemake", "--cores", "2"], d)
     assert "dvc: dvc.lock records the 8 jobs" in out
