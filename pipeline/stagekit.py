@@ -130,22 +130,26 @@ def forget_snakemake_records(paths: list[str], root: Path = Path(".")) -> int:
 SNAKEMAKE_STAMP = ".snakemake_timestamp"   # Snakemake's date of a folder output; .dvcignore keeps it out of hashes
 
 
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
+def _digest(path: Path, algorithm: str) -> str:
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
-def dvc_hash(path: Path) -> str:
-    """DVC's md5 of an output: of the bytes for a file; for a folder, of the JSON list of its files' md5s and
-    relative paths, with ".dir" appended (dvc_data's Tree.digest)."""
+def _output_files(path: Path) -> list[Path]:
+    """The files DVC hashes for an output: the file itself, or a folder's files less Snakemake's timestamp."""
     if not path.is_dir():
-        return _md5(path)
-    entries = [{"md5": _md5(f), "relpath": f.relative_to(path).as_posix()}
-               for f in path.rglob("*") if f.is_file() and f.name != SNAKEMAKE_STAMP]
-    entries.sort(key=lambda e: e["relpath"])
+        return [path]
+    return [f for f in path.rglob("*") if f.is_file() and f.name != SNAKEMAKE_STAMP]
+
+
+def dvc_hash(path: Path, files: list[Path] | None = None) -> str:
+    """DVC's md5 of an output: of the bytes for a file; for a folder, of the JSON list of its files' md5s and
+    relative paths, with ".dir" appended (dvc_data's Tree.digest). `files`: `_output_files(path)`, if known."""
+    files = _output_files(path) if files is None else files
+    if not path.is_dir():
+        return _digest(path, "md5")
+    entries = sorted(({"md5": _digest(f, "md5"), "relpath": f.relative_to(path).as_posix()} for f in files),
+                     key=lambda e: e["relpath"])
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
@@ -167,20 +171,12 @@ def same_as_locked(path: Path, entry: dict | None) -> bool:
     folder), the md5 only where they agree."""
     if entry is None or not path.exists():
         return False
-    files = [f for f in path.rglob("*") if f.is_file() and f.name != SNAKEMAKE_STAMP] if path.is_dir() else [path]
+    files = _output_files(path)
     if entry.get("size") != sum(f.stat().st_size for f in files):
         return False
     if path.is_dir() and entry.get("nfiles") != len(files):
         return False
-    return dvc_hash(path) == entry["md5"]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+    return dvc_hash(path, files) == entry["md5"]
 
 
 CHECKSUM_LIMIT = 1 << 30   # the profiles' max-checksum-file-size: Snakemake checksums inputs up to this size
@@ -230,7 +226,7 @@ def keep_snakemake_records(ctx: StageContext, root: Path = Path(".")) -> bool:
                                                           processes_for(stage, ctx.params))):
             return False
         params = sorted([cmd[0], fingerprint])
-    checksums = {i: _sha256(root / i) for i in inputs
+    checksums = {i: "sha256:" + _digest(root / i, "sha256") for i in inputs
                  if (root / i).is_file() and (root / i).stat().st_size <= CHECKSUM_LIMIT}
     locked = _locked_hashes(root)
     same = all(same_as_locked(root / o, locked.get(o)) for o in outs)

@@ -92,9 +92,14 @@ def main(argv=None) -> None:
         table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
         table = table.filter(pl.col("response_ids").list.len() > 0)
         prev = ctx.path(PREV_CHECKPOINT)
-        model, tokenizer = load_policy(prev, p.policy.dtype, device, train=True)
-        if p.policy.lora is not None:   # iteration 1 wraps the initial policy; later ones load their adapter
-            model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
+
+        def policy(where):
+            model, tokenizer = load_policy(prev, p.policy.dtype, where, train=True)
+            if p.policy.lora is not None:   # iteration 1 wraps the initial policy; later ones load their adapter
+                model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
+            return model, tokenizer
+
+        model, tokenizer = policy(device)
         if p.update.gradient_checkpointing:   # non-reentrant: works with frozen inputs (LoRA) as with full training
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         temperature = p.rollout.temperature
@@ -140,9 +145,7 @@ def main(argv=None) -> None:
         if rank:   # process 0 writes the checkpoint, the optimiser state and the metrics
             return
         if sharded:
-            model, _ = load_policy(prev, p.policy.dtype, "cpu", train=True)
-            if p.policy.lora is not None:
-                model = with_lora(model, p.policy.lora, seed=p.seed * 7919 + it)
+            model, _ = policy("cpu")
             model.load_state_dict(weights)
             optimizer = adamw([q for q in model.parameters() if q.requires_grad])
             optimizer.load_state_dict(state)
