@@ -24,7 +24,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.tables import atomic_file, write_text_atomic
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import write_text_atomic
 
 NAME = re.compile(r"^(?P<stage>[a-z_]+?)(?:_(?P<it>\d+))?\.tsv$")
 ITERATION_STAGES = ("rollout", "group", "fit", "advantages", "update", "evaluate")
@@ -116,10 +117,7 @@ def summarise(df: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, float]]:
 
 
 def plot(df: pl.DataFrame, per_stage: pl.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
     iters = df.filter(pl.col("iteration").is_not_null() & (pl.col("iteration") >= 1)
@@ -152,10 +150,7 @@ def plot(df: pl.DataFrame, per_stage: pl.DataFrame, path: Path) -> None:
     axes[1].legend(fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(run_dir: Path, out_dir: Path, log: bool = True) -> tuple[pl.DataFrame, dict[str, float]]:

@@ -27,15 +27,15 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from pipeline.config import load_params
-from pipeline.tables import ADVANTAGES, GROUPS, read_table, write_text_atomic
+from pipeline.config.params import load_params
+from pipeline.data.figures import figure_base64, pyplot
+from pipeline.data.tables import ADVANTAGES, GROUPS, read_table, write_text_atomic
 
 SIZE_BINS = (("singleton", 1, 1), ("2-5", 2, 5), ("6-9", 6, 9), ("10+", 10, None))
 
@@ -64,7 +64,7 @@ class Run:
         self.results = self.folder / self.params.run.dir
         if not (self.results / "iter_0" / "eval_metrics.json").is_file():
             raise FileNotFoundError(f"{self.results}: no iter_0/eval_metrics.json; run the workflow there first")
-        from pipeline.registry import param_value
+        from pipeline.workflow.registry import param_value
 
         try:
             value = param_value(self.params, group_by)
@@ -86,9 +86,9 @@ def curves(runs: list[Run]) -> pl.DataFrame:
 
 
 def credit(runs: list[Run]) -> pl.DataFrame | None:
-    """Oracle credit quality per run and iteration (`pipeline.oracle.run_credit`); None when the environment
+    """Oracle credit quality per run and iteration (`pipeline.credit.oracle.run_credit`); None when the environment
     has no oracle."""
-    from pipeline.oracle import run_credit
+    from pipeline.credit.oracle import run_credit
     from pipeline.envs.base import has, make_env
 
     if not all(has(make_env(r.params.env), "oracle_distance") for r in runs):
@@ -121,24 +121,15 @@ def times(runs: list[Run]) -> pl.DataFrame:
                       for r in runs])
 
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def _colors(methods: list[str]) -> dict[str, str]:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {m: cycle[i % len(cycle)] for i, m in enumerate(methods)}
 
 
 def plot_credit(cr: pl.DataFrame, colors) -> str:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=110)
     agg = cr.group_by("method", "iteration").agg(
@@ -166,13 +157,13 @@ def plot_credit(cr: pl.DataFrame, colors) -> str:
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return figure_base64(fig)
 
 
 def _grouped_bars(values: dict[str, list[float]], colors, labels: list[str], ylabel: str, title: str,
                   size: tuple[float, float], rotation: int = 0) -> str:
     """One bar per group side by side at each of `labels` (`values`: group -> a value per label), as a PNG."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=size, dpi=110)
     width = 0.8 / len(colors)
@@ -185,7 +176,7 @@ def _grouped_bars(values: dict[str, list[float]], colors, labels: list[str], yla
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return figure_base64(fig)
 
 
 def plot_group_sizes(t: pl.DataFrame, colors) -> str:
@@ -199,7 +190,7 @@ def plot_group_sizes(t: pl.DataFrame, colors) -> str:
 
 
 def plot_terms(t: pl.DataFrame, colors) -> str:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 3.8), dpi=110)
     for ax, col, title in ((axes[0], "episode_advantage", "Episode term A^E"),
@@ -223,7 +214,7 @@ def plot_terms(t: pl.DataFrame, colors) -> str:
         ax.set_ylabel("density")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _png(fig)
+    return figure_base64(fig)
 
 
 def plot_times(tm: pl.DataFrame, colors) -> str:
@@ -306,9 +297,6 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
 
 
 def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame, list[Run]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
     from bench.learning import summarise
 
     runs = [Run(f, group_by) for f in folders]

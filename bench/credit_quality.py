@@ -5,7 +5,7 @@
 
 One fixed set of step tables (every iteration of one run) goes through every estimator. The learned step-reward
 models (OPRL's PRM, SPA's estimator) are replayed over the run's iterations in order, from its initial checkpoint,
-exactly as the fit stage would have trained them (`pipeline.methods.reward_model.fit_iteration`); `--set
+exactly as the fit stage would have trained them (`pipeline.credit.reward_model.fit_iteration`); `--set
 credit.oprl.lr=2e-4` and the like try other settings on the same rollouts.
 
 Each turn is labelled by the oracle of credit-assignment.md (Oracle credit): good when d(s_{t+1}) < d(s_t), bad
@@ -25,21 +25,21 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.config import METHODS, load_params, with_overrides
-from pipeline.methods import METHODS as METHOD_REGISTRY
-from pipeline.methods import compute_advantages
-from pipeline.grouping import build_groups, hgpo_depth
-from pipeline.oracle import oracle_labels, roc_auc, run_credit, score_advantages  # noqa: F401 - bench.* use them
-from pipeline.tables import STEPS, atomic_file, read_table, write_text_atomic
+from pipeline.config.params import METHOD_NAMES, load_params, with_overrides
+from pipeline.credit.grouping import build_groups
+from pipeline.credit.methods import METHODS, compute_advantages, history_depth
+from pipeline.credit.oracle import oracle_labels, roc_auc, run_credit, score_advantages  # noqa: F401 - bench.* use them
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import STEPS, read_table, write_text_atomic
 
 
 def fitted_scores(run: Path, params, iterations: list[int], method: str
                   ) -> tuple[dict[int, pl.DataFrame], list[dict]]:
     """Replay the fit stage of `method` (one with a step-reward model) over the run's iterations, from its initial
     policy, exactly as the fit stage calls it; returns the scores per iteration and the fit statistics."""
-    from pipeline.methods.reward_model import fit_iteration
+    from pipeline.credit.reward_model import fit_iteration
 
-    model = METHOD_REGISTRY[method].reward_model
+    model = METHODS[method].reward_model
     p = params.model_copy(update={"credit": params.credit.model_copy(update={"method": method})})
     ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
     state = model.init(ckpt(0), p)
@@ -65,7 +65,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     tables = {}
     for it in iterations:
         steps = read_table(run_dir / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
-        groups = build_groups(steps, hgpo_depth(params)).drop("task_group")
+        groups = build_groups(steps, history_depth(params.credit, params.prompt.history_turns)).drop("task_group")
         labelled = steps.with_columns(oracle_labels(steps, params.env))
         tables[it] = labelled.join(groups, on=["episode_id", "step"], maintain_order="left")
     labelled = pl.concat(list(tables.values()))
@@ -76,7 +76,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     rows, by_iteration, fit_stats = [], [], []
     for method in methods:
         scores = {}
-        if METHOD_REGISTRY[method].fits:
+        if METHODS[method].fits:
             scores, s = fitted_scores(run_dir, params, iterations, method)
             fit_stats.extend(s)
         cfg = params.credit.model_copy(update={"method": method})
@@ -117,10 +117,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
 
 
 def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=120)
     x = np.arange(df.height)
@@ -147,10 +144,7 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> N
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Credit quality on identical rollouts ({subtitle})", fontsize=9)
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:
@@ -158,7 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument("--run", type=Path, default=Path("results"), help="a run's results folder")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the params file of that run")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=list(METHOD_NAMES), choices=METHOD_NAMES)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a params key for this benchmark, e.g. credit.oprl.lr=2e-4 (repeatable)")
     ap.add_argument("--last-iteration", type=int, default=None, help="use iterations 1..N of the run only")

@@ -35,8 +35,9 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.config import METHODS, apply_overrides, load_params, with_overrides
-from pipeline.tables import atomic_file, write_text_atomic
+from pipeline.config.params import METHOD_NAMES, apply_overrides, load_params, with_overrides
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,8 +110,8 @@ def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
 
 
 def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
-    """The oracle credit quality of every run's own advantages, per iteration (`pipeline.oracle.run_credit`)."""
-    from pipeline.oracle import run_credit
+    """The oracle credit quality of every run's own advantages, per iteration (`pipeline.credit.oracle.run_credit`)."""
+    from pipeline.credit.oracle import run_credit
 
     frames = [run_credit(work / f"{m}_s{s}" / "results", load_params(work / f"{m}_s{s}" / "params.yaml"))
               .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")) for m in methods for s in seeds]
@@ -150,10 +151,7 @@ def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple
 
 
 def plot(curves: pl.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paired = "grpo" in curves["method"].to_list() and curves["method"].n_unique() > 1
     fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(12 if paired else 7, 4), dpi=120, squeeze=False)
@@ -195,10 +193,7 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
         ax.set_title("Paired by seed: mean ± std of the difference")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: bool = True,
@@ -235,7 +230,7 @@ def main(argv=None) -> None:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the shared configuration and budget")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a params key in every run, e.g. env.max_turns=30 (repeatable)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=list(METHOD_NAMES), choices=METHOD_NAMES)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--work", type=Path, default=Path("results/bench/learning"), help="where the runs live")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))

@@ -28,7 +28,8 @@ import yaml
 
 from bench.breakdown import collect
 from bench.rollout_engines import SHAPES, build_model
-from pipeline.tables import atomic_file, write_text_atomic
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"full": None, "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}}
@@ -97,10 +98,7 @@ def run_variant(model: Path, variant: str, args) -> pl.DataFrame:
 
 
 def plot(df: pl.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     per = (df.group_by("variant", "stage", maintain_order=True)
            .agg(pl.col("wall_s").mean(), pl.col("max_rss_mb").max()))
@@ -119,10 +117,7 @@ def plot(df: pl.DataFrame, path: Path, title: str) -> None:
         ax.grid(alpha=0.3, axis="y")
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:

@@ -3,7 +3,7 @@
     python -m bench.rollout_engines                               # tiny policy and Qwen2.5-0.5B's shape, hf and vllm
     python -m bench.rollout_engines --models tiny --engines hf --episodes 8 --turns 2 --out /tmp/smoke
 
-For each model and engine, one Sokoban rollout (`pipeline.rollout.play_episodes`: prompts, environment steps,
+For each model and engine, one Sokoban rollout (`pipeline.rollout.episodes.play_episodes`: prompts, environment steps,
 parsing) runs `--episodes` episodes for `--turns` turns, and on the same prompts the engine generates the same
 number of batches directly ("raw": batched generation alone). Reported: turns/s and generated tokens/s of both,
 and the rollout's share of raw generation's tokens/s (target: at least 80 %). The rollout's extra work is the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.tables import write_text_atomic
+from pipeline.data.tables import write_text_atomic
 
 SHAPES = {
     "tiny": dict(arch="llama", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
@@ -48,9 +48,9 @@ def build_model(name: str, folder: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from pipeline.config import Params
-    from pipeline.policy import train_tokenizer
-    from pipeline.warmstart import tokenizer_corpus
+    from pipeline.config.params import Params
+    from pipeline.model.policy import train_tokenizer
+    from pipeline.rollout.warmstart import tokenizer_corpus
 
     if (folder / "config.json").is_file():
         return folder
@@ -74,8 +74,8 @@ def lora_checkpoint(base: Path, folder: Path, r: int = 16) -> Path:
     as the update stage writes one."""
     import torch
 
-    from pipeline.policy import load_policy, save_policy, with_lora
-    from pipeline.schema import LoraSettings
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import load_policy, save_policy, with_lora
 
     if (folder / "adapter_config.json").is_file():
         return folder
@@ -92,11 +92,11 @@ def lora_checkpoint(base: Path, folder: Path, r: int = 16) -> Path:
 
 
 def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, new_tokens: int) -> dict:
-    from pipeline.config import Params
-    from pipeline.engines import open_sampler
+    from pipeline.config.params import Params
     from pipeline.envs.base import make_env
-    from pipeline.policy import encode_prompt
-    from pipeline.rollout import EpisodeSpec, play_episodes
+    from pipeline.model.engines import open_sampler
+    from pipeline.model.policy import encode_prompt
+    from pipeline.rollout.episodes import EpisodeSpec, play_episodes
 
     vllm_lora = "adapter" if engine == "vllm-adapter" else "merged"
     p = Params.model_validate({"policy": {"dtype": dtype, "max_new_tokens": new_tokens},

@@ -8,7 +8,7 @@
    episodes; each shard job 1 thread, as the registry gives rollouts). Each N is one run in its own `run.dir`,
    linking the same initial policy (`run.base`), timed from Snakemake's start to the merged step table; reported:
    turns/s, and whether the step table is byte-identical to N = 1's.
-2. Batch shape. The same episodes are played by `pipeline.rollout.play_episodes` in one batch of all of them and
+2. Batch shape. The same episodes are played by `pipeline.rollout.episodes.play_episodes` in one batch of all of them and
    in batches of `--batch-size`: every response is sampled with its own seed, so only the floats of the
    forward pass differ (BLAS kernels and padding widths depend on the batch). Reported: the largest log-prob
    difference on the first turn (identical prompts), the share of first-turn tokens that differ, and the share of
@@ -32,7 +32,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.tables import write_text_atomic
+from pipeline.data.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -83,9 +83,9 @@ def throughput(work: Path, base: dict, shards: list[int], batch: int, tasks: int
 
 def batch_shape(work: Path, base: dict, batch: int, tasks: int | None) -> dict:
     """Play the same episodes in one batch and in batches of `batch`; compare."""
-    from pipeline.config import Params
-    from pipeline.engines import open_sampler
-    from pipeline.rollout import play_with_params
+    from pipeline.config.params import Params
+    from pipeline.model.engines import open_sampler
+    from pipeline.rollout.episodes import play_with_params
     from stages.rollout import training_specs
 
     p = Params.model_validate(_params(base, "init", 1, batch, tasks, False))
@@ -126,7 +126,7 @@ def synthetic_shape(batch: int, prompts: int = 256, new_tokens: int = 12, seed: 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.policy import generate
+    from pipeline.model.policy import generate
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=768, hidden_size=64, intermediate_size=192, num_hidden_layers=2,

@@ -5,7 +5,7 @@
 For every iteration's step table of the run, the group stage's exact anchor groups and GiGPO's similarity groups
 (credit-assignment.md, GiGPO: greedy clustering, difflib ratio ≥ threshold to a cluster's first member) are
 compared: the share of singleton groups, of sizes 2-5, 6-9 and ≥ 10, and the share of turns in a non-singleton
-group. It times the similarity grouping per 10^4 turns, and the plain per-pair loop (`pipeline.reference`) on the
+group. It times the similarity grouping per 10^4 turns, and the plain per-pair loop (`pipeline.credit.naive`) on the
 same turns, which must give the same groups. Writes similarity.csv.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.grouping import build_groups, group_size_distribution, similarity_groups
-from pipeline.reference import similarity_groups_reference
-from pipeline.tables import STEPS, read_table, write_text_atomic
+from pipeline.credit.grouping import build_groups, group_size_distribution, similarity_groups
+from pipeline.credit.naive import similarity_groups_reference
+from pipeline.data.tables import STEPS, read_table, write_text_atomic
 
 
 def same_partition(a: list[int], b: list[int]) -> bool:

@@ -7,8 +7,8 @@ The tables look like Sokoban rollouts: G = 8 episodes per task, episodes of 3-15
 small per-task state graph (so anchors repeat across episodes and within one), 40-character anchor strings,
 gym-sokoban-like rewards and 2 % invalid actions. Each size is timed for the group stage's work (`build_groups`:
 hashing, step groups, HGPO keys), for the content checks every read of the step table makes (unique, contiguous
-turns, finite rewards and log-probs; `pipeline.tables.check_rows`) and for each estimator, and in the same run a plain per-row Python GiGPO
-(`pipeline.reference`, loops and dicts the way reference codebases write it) computes the same advantages, which
+turns, finite rewards and log-probs; `pipeline.data.tables.check_rows`) and for each estimator, and in the same run a plain per-row Python GiGPO
+(`pipeline.credit.naive`, loops and dicts the way reference codebases write it) computes the same advantages, which
 must agree to 1e-9. Target: 10^6 turns grouped and GiGPO-advantaged in at most 2 s on the 2-core machine.
 """
 
@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.config import CreditConfig, METHODS
-from pipeline.methods import compute_advantages
-from pipeline.grouping import build_groups
-from pipeline.reference import gigpo_reference
-from pipeline.tables import STEPS, Table, atomic_file, check_rows, write_text_atomic
+from pipeline.config.params import METHOD_NAMES, CreditConfig
+from pipeline.credit.grouping import build_groups
+from pipeline.credit.methods import compute_advantages
+from pipeline.credit.naive import gigpo_reference
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import STEPS, Table, check_rows, write_text_atomic
 
 TARGET_SECONDS = 2.0
 # the content checks a read of the step table makes, on the columns the synthetic table has (the rest of a read is
@@ -92,7 +93,7 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
         t_check, _ = timed(lambda: check_rows(steps, READ_CHECKS, Path("steps.parquet")), repeats)
         rows.append({"turns": n, "what": "read_checks", "seconds": t_check, "turns_per_s": n / t_check})
         results = {}
-        for method in METHODS:
+        for method in METHOD_NAMES:
             cfg = CreditConfig(method=method)
             t, results[method] = timed(lambda c=cfg: compute_advantages(table, c), repeats)
             rows.append({"turns": n, "what": method, "seconds": t, "turns_per_s": n / t})
@@ -140,10 +141,7 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
 
 
 def plot(df: pl.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for what in df["what"].unique(maintain_order=True).to_list():
@@ -157,10 +155,7 @@ def plot(df: pl.DataFrame, path: Path) -> None:
     ax.set_title("Grouping and advantage throughput")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.methods import compute_advantages
-from pipeline.grouping import hgpo_depth
-from pipeline.registry import ADVANTAGES, GROUPS, STEP_REWARDS, STEPS
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tables import ADVANTAGES as ADV_SCHEMA
-from pipeline.tables import GROUPS as GROUPS_SCHEMA
-from pipeline.tables import STEP_REWARDS as STEP_REWARDS_SCHEMA
-from pipeline.tables import STEPS as STEPS_SCHEMA
-from pipeline.tables import check_same_turns, read_table, write_table
-from pipeline.tracking import Tracker
+from pipeline.credit.methods import check_history_depth, compute_advantages
+from pipeline.data import paths, tables
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.tracking import Tracker
 
 
 class NonFiniteAdvantageError(ValueError):
@@ -23,7 +17,7 @@ class NonFiniteAdvantageError(ValueError):
 def advantages_excluding_env_errors(table: pl.DataFrame, credit) -> pl.DataFrame:
     """`compute_advantages` on the episodes whose environment never raised; the others get advantage 0.
 
-    A crashed episode (`env_error` set on its last row, see `pipeline.rollout`) says nothing about the policy: it
+    A crashed episode (`env_error` set on its last row, see `pipeline.rollout.episodes`) says nothing about the policy: it
     neither enters the group statistics nor trains the policy.
     """
     broken = table.filter(pl.col("env_error").is_not_null())["episode_id"].unique()
@@ -40,18 +34,14 @@ def main(argv=None) -> None:
     ctx = parse_args("advantages", per_iteration=True, argv=argv)
     p = ctx.params
     with stage_errors(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
-        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).drop("task_group")
-        groups = read_table(ctx.path(GROUPS), GROUPS_SCHEMA)
-        check_same_turns(steps, ctx.path(STEPS), groups, ctx.path(GROUPS), "group")
+        steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).drop("task_group")
+        groups = tables.read_table(ctx.path(paths.GROUPS), tables.GROUPS)
+        tables.check_same_turns(steps, ctx.path(paths.STEPS), groups, ctx.path(paths.GROUPS), "group")
         table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
-        if p.credit.method == "hgpo" and table.height:
-            have, want = table["history_groups"].list.len().min(), hgpo_depth(p)
-            if have != want:
-                raise ValueError(f"{ctx.path(GROUPS)}: history_groups hold {have} depths, credit.hgpo expects "
-                                 f"{want}; rerun the group stage")
+        check_history_depth(table, p.credit, p.prompt.history_turns, str(ctx.path(paths.GROUPS)))
         if p.credit.needs_fit:
-            rewards = read_table(ctx.path(STEP_REWARDS), STEP_REWARDS_SCHEMA)
-            check_same_turns(steps, ctx.path(STEPS), rewards, ctx.path(STEP_REWARDS), "fit")
+            rewards = tables.read_table(ctx.path(paths.STEP_REWARDS), tables.STEP_REWARDS)
+            tables.check_same_turns(steps, ctx.path(paths.STEPS), rewards, ctx.path(paths.STEP_REWARDS), "fit")
             table = table.join(rewards, on=["episode_id", "step"], how="inner", validate="1:1")
         adv = advantages_excluding_env_errors(table, p.credit)
         bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
@@ -60,7 +50,7 @@ def main(argv=None) -> None:
             raise NonFiniteAdvantageError(
                 f"iteration {ctx.iteration}: {bad.height} non-finite advantages, first in task_group "
                 f"{bad['task_group'][0]} (episode {bad['episode_id'][0]})")
-        write_table(adv, ctx.path(ADVANTAGES), ADV_SCHEMA)
+        tables.write_table(adv, ctx.path(paths.ADVANTAGES), tables.ADVANTAGES)
         stats = {
             "advantage_mean": float(adv["advantage"].mean()),
             "advantage_std": float(adv["advantage"].std()),
@@ -69,7 +59,7 @@ def main(argv=None) -> None:
             "share_zero_advantage": float((adv["advantage"] == 0).mean()),
         }
         tracker.log_metrics({f"adv/{k}": v for k, v in stats.items()}, step=ctx.iteration, parent=True)
-        ctx.log(f"wrote {ctx.path(ADVANTAGES)} with {p.credit.method}: "
+        ctx.log(f"wrote {ctx.path(paths.ADVANTAGES)} with {p.credit.method}: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()))
 
 

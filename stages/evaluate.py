@@ -22,20 +22,18 @@ import json
 import math
 import sys
 from contextlib import closing
+from pathlib import Path
 
 import polars as pl
 
-from pathlib import Path
-
+from pipeline.data import paths, tables
+from pipeline.data.seeds import stage_seed, task_seed
 from pipeline.envs.base import has, make_env
-from pipeline.engines import open_sampler
-from pipeline.registry import CHECKPOINT, EVAL, EVAL_METRICS, shard_table
-from pipeline.rollout import EpisodeSpec, check_env_errors, episode_summary, play_with_params
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tasks import task_seed
-from pipeline.tables import EVAL_EPISODES, STEPS, write_table, write_text_atomic
-from pipeline.tracking import Tracker
-from stages.rollout import merge_shards, shard_of, shard_options
+from pipeline.model.engines import open_sampler
+from pipeline.rollout.episodes import EpisodeSpec, check_env_errors, episode_summary, play_with_params
+from pipeline.rollout.shards import merge_shards, shard_of, shard_options
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.tracking import Tracker
 
 
 def eval_specs(p) -> list[EpisodeSpec]:
@@ -59,7 +57,7 @@ def optimal_moves(p, task_ids: list[int]) -> list[int | None]:
 
 def play(p, checkpoint: Path, it: int, specs: list[EpisodeSpec], log) -> pl.DataFrame:
     """The step rows of the held-out episodes `specs` played with `checkpoint`."""
-    seed = p.seed * 1_000_003 + 500_000 + it
+    seed = stage_seed("evaluate", p.seed, it)
     sampler, tokenizer = open_sampler(p, checkpoint, engine_seed=seed)
     log(f"sampling {checkpoint} with {sampler.name}")
     with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
@@ -85,9 +83,9 @@ def summarize(p, steps: pl.DataFrame, it: int, eval_file: Path, metrics_file: Pa
         pl.lit(it, dtype=pl.Int32).alias("iteration"),
         pl.Series("optimal_moves", optimal_moves(p, episodes["task_id"].to_list()), dtype=pl.Int32),
     )
-    write_table(episodes, eval_file, EVAL_EPISODES)
+    tables.write_table(episodes, eval_file, tables.EVAL_EPISODES)
     summary = episode_summary(steps) | faults
-    write_text_atomic(metrics_file, json.dumps({"iteration": it, **summary}, indent=2) + "\n")
+    tables.write_text_atomic(metrics_file, json.dumps({"iteration": it, **summary}, indent=2) + "\n")
     tracker.log_metrics({f"eval/{k}": v for k, v in summary.items()}, step=it, parent=True)
     log(f"wrote {eval_file}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
     return summary
@@ -104,36 +102,55 @@ def _options(ap) -> None:
 def main(argv=None) -> None:
     ctx = parse_args("evaluate", per_iteration=True, argv=argv, options=_options,
                      iteration_needed=lambda a: a.checkpoint is None)
-    p, a = ctx.params, ctx.args
+    a = ctx.args
     if (a.checkpoint is None) != (a.out is None):
-        print("error: --checkpoint and --out go together (evaluation only); without them the stage evaluates "
-              "--iteration's checkpoint", file=sys.stderr)
-        sys.exit(2)
+        usage_error("--checkpoint and --out go together (evaluation only); without them the stage evaluates "
+                    "--iteration's checkpoint")
     if a.checkpoint is not None and (a.shard is not None or a.merge):
-        print("error: --shard and --merge are the stage's own jobs; evaluation only (--checkpoint) runs whole",
-              file=sys.stderr)
-        sys.exit(2)
-    if a.checkpoint is None:
-        it = ctx.iteration
-        if a.merge:
-            with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
-                summarize(p, merge_shards(ctx, "evaluate", p.evaluate.shards), it, ctx.path(EVAL),
-                          ctx.path(EVAL_METRICS), tracker, ctx.log)
-        elif a.shard is not None:
-            with stage_errors(ctx):
-                specs = shard_of(eval_specs(p), a.shard, p.evaluate.shards, p.rollout.batch_size,
-                                 p.evaluate.episodes_per_task, "evaluate.shards")
-                ctx.log(f"{len(specs)} held-out episodes: shard {a.shard} of {p.evaluate.shards}")
-                steps = play(p, ctx.path(CHECKPOINT), it, specs, ctx.log)
-                out = ctx.path(shard_table("evaluate").replace("{shard}", str(a.shard)))
-                write_table(steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration")), out, STEPS)
-                ctx.log(f"wrote {out}: {steps.height} turns")
-        else:
-            with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
-                evaluate(p, ctx.path(CHECKPOINT), it, ctx.path(EVAL), ctx.path(EVAL_METRICS), tracker, ctx.log)
-        return
-    it = ctx.iteration if ctx.iteration is not None else 0
-    ctx.iteration = it
+        usage_error("--shard and --merge are the stage's own jobs; evaluation only (--checkpoint) runs whole")
+    if a.checkpoint is not None:
+        evaluate_only(ctx)
+    elif a.merge:
+        merge(ctx)
+    elif a.shard is not None:
+        play_shard(ctx)
+    else:
+        with stage_errors(ctx), Tracker(ctx.params, "evaluate", ctx.iteration) as tracker:
+            evaluate(ctx.params, ctx.path(paths.CHECKPOINT), ctx.iteration, ctx.path(paths.EVAL),
+                     ctx.path(paths.EVAL_METRICS), tracker, ctx.log)
+
+
+def usage_error(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def merge(ctx) -> None:
+    """The merge job: the shards' step tables into the episode table and metrics."""
+    p, it = ctx.params, ctx.iteration
+    with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
+        files = [ctx.path(paths.shard_table("evaluate"), shard=k) for k in range(p.evaluate.shards)]
+        summarize(p, merge_shards(files, ctx.log), it, ctx.path(paths.EVAL), ctx.path(paths.EVAL_METRICS),
+                  tracker, ctx.log)
+
+
+def play_shard(ctx) -> None:
+    """A shard job: its slice of the held-out episodes into its shard's step table."""
+    p, it, shard = ctx.params, ctx.iteration, ctx.args.shard
+    with stage_errors(ctx):
+        specs = shard_of(eval_specs(p), shard, p.evaluate.shards, p.rollout.batch_size,
+                         p.evaluate.episodes_per_task, "evaluate.shards")
+        ctx.log(f"{len(specs)} held-out episodes: shard {shard} of {p.evaluate.shards}")
+        steps = play(p, ctx.path(paths.CHECKPOINT), it, specs, ctx.log)
+        out = ctx.path(paths.shard_table("evaluate"), shard=shard)
+        tables.write_table(steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration")), out, tables.STEPS)
+        ctx.log(f"wrote {out}: {steps.height} turns")
+
+
+def evaluate_only(ctx) -> None:
+    """Evaluation only: any local checkpoint into the folder `--out`, with an MLflow run named after it."""
+    p, a = ctx.params, ctx.args
+    it = ctx.iteration = ctx.iteration if ctx.iteration is not None else 0
     with stage_errors(ctx):
         if not a.checkpoint.is_dir():
             raise FileNotFoundError(f"--checkpoint {a.checkpoint}: no such folder")

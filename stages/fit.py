@@ -12,35 +12,33 @@ import math
 
 import polars as pl
 
-from pipeline import optstate
-from pipeline.methods.reward_model import OPTIMIZER, fit_iteration, load_state, save_state
-from pipeline.registry import CHECKPOINT, ITER_DIR, PREV_CHECKPOINT, REWARD_MODEL, STEP_REWARDS, STEPS
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tables import STEP_REWARDS as STEP_REWARDS_SCHEMA
-from pipeline.tables import STEPS as STEPS_SCHEMA
-from pipeline.tables import read_table, write_table
-from pipeline.tracking import Tracker
+from pipeline.credit.methods import get
+from pipeline.credit.reward_model import OPTIMIZER, fit_iteration, load_state, save_state
+from pipeline.data import paths, tables
+from pipeline.model import adamw
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("fit", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
     with stage_errors(ctx), Tracker(p, "fit", it) as tracker:
-        model = p.credit.method_def.reward_model
+        model = get(p.credit.method).reward_model
         if model is None:
             raise ValueError(f"credit.method {p.credit.method!r} has no learned step-reward model to fit")
-        steps = read_table(ctx.path(STEPS), STEPS_SCHEMA).sort("episode_id", "step")
-        state = load_state(model, ctx.path(REWARD_MODEL, it - 1), ctx.path(ITER_DIR, it - 1), p)
+        steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).sort("episode_id", "step")
+        state = load_state(model, ctx.path(paths.REWARD_MODEL, it - 1), ctx.path(paths.ITER_DIR, it - 1), p)
         ctx.log(f"fitting {p.credit.method}'s step-reward model of iteration {it - 1} on {steps.height} turns")
-        scores, stats = fit_iteration(model, state, steps, ctx.path(PREV_CHECKPOINT), ctx.path(CHECKPOINT, 0), it, p,
+        scores, stats = fit_iteration(model, state, steps, ctx.path(paths.PREV_CHECKPOINT), ctx.path(paths.CHECKPOINT, 0), it, p,
                                       ctx.log)
-        save_state(model, state, ctx.path(REWARD_MODEL), ctx.path(ITER_DIR))
+        save_state(model, state, ctx.path(paths.REWARD_MODEL), ctx.path(paths.ITER_DIR))
         rewards = steps.select("episode_id", "step").with_columns(pl.Series("score", scores, dtype=pl.Float64))
-        write_table(rewards, ctx.path(STEP_REWARDS), STEP_REWARDS_SCHEMA)
-        optstate.prune(ctx.path(ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
+        tables.write_table(rewards, ctx.path(paths.STEP_REWARDS), tables.STEP_REWARDS)
+        adamw.prune(ctx.path(paths.ITER_DIR), OPTIMIZER, p.runtime.keep_optimizer)
         tracker.log_metrics({f"fit/{k}": v for k, v in stats.items() if math.isfinite(v)}, step=it, parent=True)
         s = rewards["score"]
-        ctx.log(f"wrote {ctx.path(REWARD_MODEL)} and {ctx.path(STEP_REWARDS)}: {len(s)} turns, score mean "
+        ctx.log(f"wrote {ctx.path(paths.REWARD_MODEL)} and {ctx.path(paths.STEP_REWARDS)}: {len(s)} turns, score mean "
                 f"{s.mean() or 0:.4g}, std {s.std() or 0:.4g}; " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
 
 

@@ -3,24 +3,26 @@
 With `policy.path` null: train a byte-level BPE tokenizer on environment text, build the tiny Llama with random
 weights, warm-start it on solver demonstrations, and save it. With `policy.path` set: copy that local Hugging Face
 model folder's weights and tokenizer as iteration 0's checkpoint (nothing is downloaded). Checkpoints hold fp32
-master weights whatever `policy.dtype` is (`pipeline.precision`).
+master weights whatever `policy.dtype` is (`pipeline.model.precision`).
 """
 
 from __future__ import annotations
 
+from pipeline.data.seeds import stage_seed
+from pipeline.data.tables import atomic_dir
 from pipeline.envs.base import spec_of
-from pipeline.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
-from pipeline.precision import mark
-from pipeline.registry import STAGE_BY_NAME, strip_dir
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tables import atomic_dir
-from pipeline.tracking import Tracker
-from pipeline.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
+from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
+from pipeline.model.precision import mark
+from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.registry import STAGE_BY_NAME, strip_dir
+from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("init", per_iteration=False, argv=argv)
     p = ctx.params
+    seed = stage_seed("init", p.seed)
     out = strip_dir(STAGE_BY_NAME["init"].outs_for(p)[0])
     with stage_errors(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
@@ -29,17 +31,17 @@ def main(argv=None) -> None:
             metrics = {}
         else:
             ctx.log("training the tokenizer on environment text")
-            tokenizer = train_tokenizer(tokenizer_corpus(p, p.seed), p.policy.tiny.vocab_size,
+            tokenizer = train_tokenizer(tokenizer_corpus(p, seed), p.policy.tiny.vocab_size,
                                         spec_of(p.env).isolate)
-            model = mark(build_tiny_model(tokenizer, p.policy.tiny, p.seed), p.policy.dtype)
+            model = mark(build_tiny_model(tokenizer, p.policy.tiny, seed), p.policy.dtype)
             model.to(resolve_device(p.runtime.device))
             n_params = sum(x.numel() for x in model.parameters())
             ctx.log(f"tiny Llama: {n_params:,} parameters, vocabulary {len(tokenizer)}, on {model.device}")
-            pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, p.seed,
+            pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, seed,
                                    tasks=p.warmstart.tasks)
             ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
             losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,
-                                          p.warmstart.lr, p.seed, clean_steps=p.warmstart.clean_steps,
+                                          p.warmstart.lr, seed, clean_steps=p.warmstart.clean_steps,
                                           progress=ctx.log)
             metrics = {"parameters": float(n_params), "demonstration_turns": float(len(pairs))}
             if losses:

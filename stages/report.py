@@ -9,16 +9,20 @@ import json
 
 import polars as pl
 
-from pipeline.registry import EVAL_METRICS, ITER_DIR, REPORT, REPORT_METRICS, at, fill, iterations
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tables import atomic_file, write_text_atomic
-from pipeline.tracking import Tracker
+from pipeline.credit.oracle import run_credit
+from pipeline.data import paths
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import write_text_atomic
+from pipeline.envs.base import has, make_env
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.registry import iterations
+from pipeline.workflow.tracking import Tracker
 
 
 def load_curve(p) -> pl.DataFrame:
     rows = []
     for it in iterations(p):
-        path = fill(at(p, EVAL_METRICS), it)
+        path = paths.fill(paths.at(p, paths.EVAL_METRICS), it)
         try:
             rows.append(json.loads(open(path).read()))
         except FileNotFoundError:
@@ -30,10 +34,7 @@ def load_curve(p) -> pl.DataFrame:
 
 
 def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot(curve["iteration"], curve["success_rate"], marker="o", color="#1f77b4", label="success rate")
@@ -46,25 +47,18 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
     ax2.set_ylabel("invalid-action rate", color="#d62728")
     ax2.set_ylim(0, 1)
     ax.set_title(title)
-    fig.tight_layout()
-    with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:
     """The run in a few numbers (`results/report/metrics.json`, DVC's metrics): held-out success at the last
     iteration, its best, its mean over iterations and its gain over iteration 0; with `report.credit_oracle` and an
     environment oracle, the mean over iterations 1..N of the oracle ROC-AUC of the advantages the run trained on, of
-    their step term, and the share of turns with a step signal (`pipeline.oracle`)."""
-    from pipeline.envs.base import has, make_env
-
+    their step term, and the share of turns with a step signal (`pipeline.credit.oracle`)."""
     s = curve["success_rate"]
     out = {"iterations": int(curve["iteration"].max()), "success_final": float(s[-1]), "success_best": float(s.max()),
            "success_mean": float(s.mean()), "success_gain": float(s[-1] - s[0])}
     if p.report.credit_oracle and has(make_env(p.env), "oracle_distance"):
-        from pipeline.oracle import run_credit
-
         cr = run_credit(results, p).filter(pl.col("iteration") <= p.loop.iterations)
         for key, col in (("credit_auc", "auc"), ("credit_auc_step_term", "auc_step_term"),
                          ("credit_step_signal", "share_nonzero_step_signal")):
@@ -79,18 +73,18 @@ def main(argv=None) -> None:
     with stage_errors(ctx):
         tracker = Tracker(p, "report", None)
         curve = load_curve(p)
-        csv_path, png_path = (ctx.path(x) for x in REPORT)
+        csv_path, png_path = (ctx.path(x) for x in paths.REPORT)
         write_text_atomic(csv_path, curve.write_csv())
         first, last = curve["success_rate"][0], curve["success_rate"][-1]
         plot_curve(curve, png_path, f"{p.env.name}, {p.credit.method}: {first:.2f} -> {last:.2f}")
-        metrics = run_metrics(p, curve, ctx.path(ITER_DIR, 0).parent)
-        write_text_atomic(ctx.path(REPORT_METRICS), json.dumps(metrics, indent=2) + "\n")
+        metrics = run_metrics(p, curve, ctx.path(paths.ITER_DIR, 0).parent)
+        write_text_atomic(ctx.path(paths.REPORT_METRICS), json.dumps(metrics, indent=2) + "\n")
         tracker.log_metrics({"report/success_first": first, "report/success_last": last}
                             | {f"report/{k}": v for k, v in metrics.items() if v is not None})
         tracker.log_artifact(csv_path, parent=True)
         tracker.log_artifact(png_path, parent=True)
         tracker.finish("FINISHED", end_parent=True)
-        ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(REPORT_METRICS)}: success {first:.3f} at iteration 0, "
+        ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(paths.REPORT_METRICS)}: success {first:.3f} at iteration 0, "
                 f"{last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
                                                       if "credit" in k and v is not None))
         print(curve)

@@ -6,27 +6,28 @@ is an exact copy of it, SPA's progress estimator is its base model with a zero s
 
 from __future__ import annotations
 
-from pipeline.methods.reward_model import save_state
-from pipeline.registry import CHECKPOINT, ITER_DIR, REWARD_MODEL
-from pipeline.stagekit import parse_args, stage_errors
-from pipeline.tracking import Tracker
+from pipeline.credit.methods import get
+from pipeline.credit.reward_model import save_state
+from pipeline.data import paths
+from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("reward_init", per_iteration=False, argv=argv)
     p = ctx.params
     with stage_errors(ctx), Tracker(p, "reward_init", None):
-        model = p.credit.method_def.reward_model
+        model = get(p.credit.method).reward_model
         if model is None:
             raise ValueError(f"credit.method {p.credit.method!r} has no learned step-reward model; nothing to "
                              "initialise")
-        policy = ctx.path(CHECKPOINT, 0)
+        policy = ctx.path(paths.CHECKPOINT, 0)
         if not (policy / "config.json").is_file():
             raise FileNotFoundError(f"{policy}: initial policy checkpoint missing; run the init stage")
-        out = ctx.path(REWARD_MODEL, 0)
-        save_state(model, model.init(policy, p), out, ctx.path(ITER_DIR, 0))
+        out = ctx.path(paths.REWARD_MODEL, 0)
+        save_state(model, model.init(policy, p), out, ctx.path(paths.ITER_DIR, 0))
         ctx.log(f"wrote {out} ({p.credit.method}'s step-reward model before any RL)"
-                + "".join(f" and {ctx.path(ITER_DIR, 0) / n}" for n in model.extra_tables))
+                + "".join(f" and {ctx.path(paths.ITER_DIR, 0) / n}" for n in model.extra_tables))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.methods import METHODS as METHOD_REGISTRY
+from pipeline.credit.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -42,7 +42,7 @@ def dvc_repo(d: Path, **changes) -> Path:
     """A fresh git + DVC repository in `d` holding the pipeline's code, the tiny params (one iteration, every
     section written out: DVC reads each stage's params from the file) with `changes` merged into their sections,
     and the dvc.yaml generated for them."""
-    from pipeline.config import load_params
+    from pipeline.config.params import load_params
 
     params = load_params(ROOT / "tests" / "tiny_params.yaml").model_dump()
     params["loop"]["iterations"] = 1
@@ -55,7 +55,7 @@ def dvc_repo(d: Path, **changes) -> Path:
         shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / ".dvcignore", d / ".dvcignore")
     for cmd in (["git", "init", "-q"], [str(Path(sys.executable).parent / "dvc"), "init", "-q"],
-                [sys.executable, "-m", "pipeline.dvcgen"]):
+                [sys.executable, "-m", "pipeline.workflow.dvcgen"]):
         subprocess.run(cmd, cwd=d, check=True, capture_output=True, timeout=300)
     return d
 
@@ -94,7 +94,7 @@ def grpo_run(tmp_path_factory) -> Path:
 
 
 # each continues the shared GRPO run; RLOO, GRPO's leave-one-out twin, runs end to end in test_bench's learning smoke
-METHODS = tuple(m for m in METHOD_REGISTRY if m not in ("grpo", "rloo"))
+SHARED_RUN_METHODS = tuple(m for m in METHODS if m not in ("grpo", "rloo"))
 JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?(?: --shard (\d+))?")
 
 
@@ -110,7 +110,7 @@ def planned_jobs(d, params: str | None = None) -> set[str]:
 @pytest.fixture(scope="session")
 def method_runs(grpo_run, tmp_path_factory):
     dirs, plans = {}, {}
-    for m in METHODS:
+    for m in SHARED_RUN_METHODS:
         d = tmp_path_factory.mktemp(f"method_{m}")
         shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
         params = yaml.safe_load((d / "params.yaml").read_text())
@@ -166,10 +166,10 @@ CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from pipeline.config import Params, TinyModelConfig
+    from pipeline.config.params import Params, TinyModelConfig
     from pipeline.envs.base import spec_of
-    from pipeline.policy import train_tokenizer
-    from pipeline.warmstart import tokenizer_corpus
+    from pipeline.model.policy import train_tokenizer
+    from pipeline.rollout.warmstart import tokenizer_corpus
 
     p = Params(policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
     return train_tokenizer(tokenizer_corpus(p, 0), 400, spec_of(p.env).isolate)   # Sokoban keeps grid cells whole

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Params
+from pipeline.config.params import Params
+from pipeline.data.seeds import task_seed
 from pipeline.envs.base import has, make_env
-from pipeline.tasks import task_seed
 
 pytest.importorskip("alfworld")
 pytest.importorskip("fast_downward")

@@ -12,12 +12,12 @@ import polars as pl
 import pytest
 
 from bench import credit_quality, throughput
-from pipeline.config import METHODS
+from pipeline.config.params import METHOD_NAMES
 
 
 def test_throughput_smoke(tmp_path):
     df = throughput.run([3000], repeats=1, reference_max=3000, out_dir=tmp_path, log=False)
-    assert set(df["what"]) == {"group", "read_checks", *METHODS, "group+gigpo", "gigpo_per_row_python"}
+    assert set(df["what"]) == {"group", "read_checks", *METHOD_NAMES, "group+gigpo", "gigpo_per_row_python"}
     assert (df["turns"] == 3000).all() and (df["seconds"] > 0).all()
     on_disk = pl.read_csv(tmp_path / "throughput.csv")
     assert on_disk.height == df.height
@@ -36,7 +36,7 @@ def test_synthetic_steps_look_like_rollouts():
 def test_oracle_labels_on_a_hand_made_room(monkeypatch):
     """Each row is a one-turn episode in the same room, replayed in the real environment."""
     import pipeline.envs.sokoban as sokoban
-    from pipeline.config import Params
+    from pipeline.config.params import Params
 
     grid = "____\n@$_.\n____\n____"          # d = 2: push right twice
     monkeypatch.setattr(sokoban, "generate_room", lambda *a, **k: sokoban.parse_grid(grid))
@@ -67,13 +67,13 @@ def test_roc_auc_by_hand():
 @pytest.mark.e2e
 def test_credit_quality_smoke(grpo_run, tmp_path):
     out = tmp_path / "bench"
-    df = credit_quality.run(grpo_run / "results", grpo_run / "params.yaml", out, list(METHODS), log=False)
-    assert df["method"].to_list() == list(METHODS)
+    df = credit_quality.run(grpo_run / "results", grpo_run / "params.yaml", out, list(METHOD_NAMES), log=False)
+    assert df["method"].to_list() == list(METHOD_NAMES)
     rows = {r["method"]: r for r in df.iter_rows(named=True)}
     for m in ("grpo", "rloo"):                     # episode-level only: no step signal at all
         assert rows[m]["share_nonzero_step_signal"] == 0.0
     assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
-    assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHODS)
+    assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHOD_NAMES)
     assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
 
 
@@ -121,7 +121,7 @@ def test_learning_smoke(tmp_path):
     assert a.is_symlink() and b.is_symlink() and a.resolve() == b.resolve() == \
         (work / "base_s0" / "results" / "iter_1" / "steps.parquet").resolve()
     # RLOO end to end: episode advantages only, no step score, the terms adding up
-    from pipeline import tables
+    from pipeline.data import tables
 
     adv = tables.read_table(work / "rloo_s0/results/iter_1/advantages.parquet", tables.ADVANTAGES)
     assert adv.height > 0 and adv["step_score"].null_count() == adv.height

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Params, ParamsError, load_params
+from pipeline.config.params import Params, ParamsError, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ def test_stage_refuses_bad_params_before_any_work(tmp_path):
 
 
 def test_overrides_are_validated_like_a_file():
-    from pipeline.config import with_overrides
+    from pipeline.config.params import with_overrides
 
     p = with_overrides(Params(), ["credit.oprl.lr=2e-4", "credit.method=oprl", "credit.gigpo.gamma=0"])
     assert p.credit.oprl.lr == 2e-4 and p.credit.method == "oprl" and p.credit.gigpo.gamma == 0.0

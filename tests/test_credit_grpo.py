@@ -6,9 +6,9 @@ import math
 import polars as pl
 import pytest
 
-from pipeline.config import CreditConfig
-from pipeline.methods import compute_advantages
-from pipeline.methods.base import EPS
+from pipeline.config.params import CreditConfig
+from pipeline.credit.base import EPS
+from pipeline.credit.methods import compute_advantages
 
 
 def table():

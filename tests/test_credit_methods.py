@@ -18,10 +18,10 @@ import math
 import polars as pl
 import pytest
 
-from pipeline.config import METHODS, CreditConfig
-from pipeline.grouping import build_groups
-from pipeline.methods import compute_advantages
-from pipeline.methods.base import EPS
+from pipeline.config.params import METHOD_NAMES, CreditConfig
+from pipeline.credit.base import EPS
+from pipeline.credit.grouping import build_groups
+from pipeline.credit.methods import compute_advantages
 
 EPISODES = {  # episode: (task_group, anchors, rewards, valid)
     0: (0, "abc", [0, 0, 1], [True] * 3),
@@ -80,7 +80,7 @@ def test_group_keys():
 
 
 def test_hash_collision_between_different_anchors_is_an_error(monkeypatch):
-    import pipeline.grouping as grouping
+    import pipeline.credit.grouping as grouping
 
     monkeypatch.setattr(grouping.xxhash, "xxh3_64_intdigest", lambda b: 42)   # every string collides
     with pytest.raises(grouping.AnchorCollisionError, match=r"'a'.*'b'.*share hash 42"):
@@ -129,7 +129,7 @@ def test_gigpo_mean_std_norm_and_weight():
 def test_penalty_is_applied_once_after_normalisation_and_acts_linearly():
     """credit-assignment.md, Invalid actions: every method's advantage moves by exactly -p on the invalid turn and
     not at all elsewhere, whatever the normalisation mode (its size would not matter inside a std norm)."""
-    for method in METHODS:
+    for method in METHOD_NAMES:
         section = {"mode": "mean_std_norm"} if method == "gigpo" else {}
         base = advantages(method, episode=PER_EPISODE_STD, penalty=0.0, **section)
         for p in (0.001, 0.1, 0.7):
@@ -158,7 +158,7 @@ def test_gigpo_similarity_grouping_merges_near_identical_anchors():
             update={"gigpo": cfg.gigpo.model_copy(update={"similarity_threshold": None})}))
     assert compute_advantages(t, cfg)["advantage"].to_list() == pytest.approx(exact["advantage"].to_list())
     # long anchors that differ in one character of 40 (ratio 0.975) merge at 0.95, not at 0.99
-    from pipeline.grouping import similarity_groups
+    from pipeline.credit.grouping import similarity_groups
 
     frame = pl.DataFrame({"episode_id": [1, 2, 3], "step": [0, 0, 0], "task_group": [0, 0, 0],
                           "anchor": ["#" * 39 + "a", "#" * 39 + "b", "x" * 40]})

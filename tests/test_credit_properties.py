@@ -7,12 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import METHODS, CreditConfig, load_params
-from pipeline.grouping import build_groups
-from pipeline.methods import METHODS as METHOD_REGISTRY
-from pipeline.methods import compute_advantages
-from pipeline.methods.base import discounted_returns
-from pipeline.reference import gigpo_reference
+from pipeline.config.params import METHOD_NAMES, CreditConfig, load_params
+from pipeline.credit.base import discounted_returns
+from pipeline.credit.grouping import build_groups
+from pipeline.credit.methods import METHODS, compute_advantages
+from pipeline.credit.naive import gigpo_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 episode = st.tuples(
@@ -74,7 +73,7 @@ def test_gigpo_mean_norm_step_advantages_sum_to_zero_in_each_step_group(groups):
 
 
 @settings(max_examples=30, deadline=None)
-@given(tables, st.sampled_from(METHODS), st.integers(0, 2**31 - 1))
+@given(tables, st.sampled_from(METHOD_NAMES), st.integers(0, 2**31 - 1))
 def test_shuffling_rows_changes_no_advantage(groups, method, seed):
     df = build(groups)
     c = cfg(method)
@@ -106,7 +105,7 @@ def test_shipped_params_give_every_method_grpos_episode_term(groups):
     the one method whose episode term is its own (its definition is its baseline)."""
     df = build(groups)
     grpo = compute_advantages(df, SHIPPED.model_copy(update={"method": "grpo"}))
-    for name, method in METHOD_REGISTRY.items():
+    for name, method in METHODS.items():
         if name == "rloo":
             continue
         out = compute_advantages(df, SHIPPED.model_copy(update={"method": name}))
@@ -148,8 +147,8 @@ def test_discounted_returns_match_the_recursion(episodes, gamma):
        st.sampled_from([0.5, 0.9, 0.95, 1.0]))
 def test_similarity_grouping_equals_the_per_pair_reference(rows, threshold):
     from bench.similarity import same_partition
-    from pipeline.grouping import similarity_groups
-    from pipeline.reference import similarity_groups_reference
+    from pipeline.credit.grouping import similarity_groups
+    from pipeline.credit.naive import similarity_groups_reference
 
     df = pl.DataFrame({"episode_id": list(range(len(rows))), "step": [0] * len(rows),
                        "task_group": [g for g, _ in rows], "anchor": [a for _, a in rows]})

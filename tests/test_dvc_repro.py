@@ -55,7 +55,7 @@ def test_switching_to_a_fitted_method_plans_its_stages_and_reuses_the_rollout(re
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["credit"]["method"] = "oprl"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    sh([sys.executable, "-m", "pipeline.dvcgen"], repo)
+    sh([sys.executable, "-m", "pipeline.workflow.dvcgen"], repo)
     status = sh([BIN / "dvc", "status"], repo)
     stale = {line.strip().rstrip(":") for line in status.splitlines() if line and not line.startswith((" ", "\t"))}
     assert {"reward_init", "fit@1", "advantages@1"} <= stale

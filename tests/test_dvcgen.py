@@ -4,16 +4,16 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import load_params
-from pipeline.dvcgen import render
-from pipeline.registry import STAGE_BY_NAME, STAGES, code_for, enabled_stages
+from pipeline.config.params import load_params
+from pipeline.workflow.dvcgen import render
+from pipeline.workflow.registry import STAGE_BY_NAME, STAGES, code_for, enabled_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_committed_dvc_yaml_matches_generator():
     expected = render(load_params(ROOT / "params.yaml"))
-    assert (ROOT / "dvc.yaml").read_text() == expected, "run: python -m pipeline.dvcgen"
+    assert (ROOT / "dvc.yaml").read_text() == expected, "run: python -m pipeline.workflow.dvcgen"
 
 
 def test_generated_stages_cover_registry_and_iterations():
@@ -40,12 +40,16 @@ def test_code_dependencies_are_what_each_stage_imports():
     """Code deps come from the stage modules' imports (function-level ones too), less the plumbing; a registry
     package counts as all its modules. The credit methods are the advantages' and not the rollout's."""
     rollout, advantages = code_for(STAGE_BY_NAME["rollout"]), code_for(STAGE_BY_NAME["advantages"])
-    assert {"stages/rollout.py", "pipeline/rollout.py", "pipeline/engines.py", "pipeline/policy.py",
-            "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py", "pipeline/prompting.py"} <= set(rollout)
-    assert not any(f.startswith("pipeline/methods/") for f in rollout)
-    assert {"pipeline/methods/gigpo.py", "pipeline/methods/spa.py", "pipeline/grouping.py"} <= set(advantages)
-    assert "pipeline/config.py" not in advantages and "pipeline/tracking.py" not in rollout
-    assert "stages/rollout.py" in code_for(STAGE_BY_NAME["evaluate"])     # evaluate plays with the rollout's code
+    assert {"stages/rollout.py", "pipeline/rollout/episodes.py", "pipeline/model/engines.py", "pipeline/model/policy.py",
+            "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py", "pipeline/rollout/prompts.py"} <= set(rollout)
+    assert not any(f.startswith("pipeline/credit/methods/") for f in rollout)
+    assert {"pipeline/credit/methods/gigpo.py", "pipeline/credit/methods/spa.py", "pipeline/credit/grouping.py"} <= set(advantages)
+    assert "pipeline/config/params.py" not in advantages and "pipeline/workflow/tracking.py" not in rollout
+    evaluate = code_for(STAGE_BY_NAME["evaluate"])   # evaluate plays with the rollout's code, not its stage's
+    assert {"pipeline/rollout/episodes.py", "pipeline/rollout/shards.py"} <= set(evaluate)
+    assert "stages/rollout.py" not in evaluate
+    fit = code_for(STAGE_BY_NAME["fit"])             # the learned step-reward models live in their methods
+    assert {"pipeline/credit/methods/oprl.py", "pipeline/credit/methods/spa.py"} <= set(fit)
 
 
 def test_shards_are_dvc_stages_too(tmp_path):
@@ -75,11 +79,11 @@ def test_shards_are_dvc_stages_too(tmp_path):
 
 
 def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
-    from pipeline.methods import METHODS as METHOD_REGISTRY
+    from pipeline.credit.methods import METHODS
 
     base = load_params(ROOT / "params.yaml")
-    assert "oprl" in {n for n, m in METHOD_REGISTRY.items() if m.fits}
-    for method, definition in METHOD_REGISTRY.items():
+    assert "oprl" in {n for n, m in METHODS.items() if m.fits}
+    for method, definition in METHODS.items():
         fit = definition.fits
         p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": method})})
         doc = yaml.safe_load(render(p))["stages"]
@@ -100,11 +104,11 @@ def test_fit_stages_appear_only_for_methods_with_a_step_reward_model():
 
 def test_params_yaml_spells_out_every_key_a_dvc_stage_reads():
     """DVC looks each stage's params keys up in params.yaml itself, so none may be left to the schema defaults."""
-    from pipeline.config import METHODS
+    from pipeline.config.params import METHOD_NAMES
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     base = load_params(ROOT / "params.yaml")
-    for method in METHODS:
+    for method in METHOD_NAMES:
         p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": method})})
         for stage in enabled_stages(p):
             for key in stage.params_for(p):

@@ -6,7 +6,7 @@ import subprocess
 import polars as pl
 import pytest
 
-from pipeline import tables
+from pipeline.data import tables
 from tests.conftest import SNAKEMAKE
 
 
@@ -47,7 +47,7 @@ def test_tables_match_their_schemas(run_dir):
 
 
 def test_checkpoints_load_through_auto_classes(run_dir):
-    from pipeline.policy import encode_prompt, load_policy
+    from pipeline.model.policy import encode_prompt, load_policy
 
     steps = tables.read_table(run_dir / "results/iter_2/steps.parquet", tables.STEPS).head(5)
     for it in (0, 1, 2):

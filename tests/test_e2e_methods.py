@@ -9,23 +9,23 @@ end to end in `tests/test_bench.py::test_learning_smoke`.
 import polars as pl
 import pytest
 
-from pipeline import tables
-from pipeline.methods import METHODS as METHOD_REGISTRY
-from tests.conftest import METHODS  # the method_runs fixture is in conftest, shared with test_resume
+from pipeline.credit.methods import METHODS
+from pipeline.data import tables
+from tests.conftest import SHARED_RUN_METHODS  # the method_runs fixture is in conftest, shared with test_resume
 
 pytestmark = pytest.mark.e2e
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", SHARED_RUN_METHODS)
 def test_only_what_depends_on_the_method_reruns(method_runs, method):
     plan = method_runs[1][method]
     downstream = {"advantages@1", "update@1", "evaluate@1", "rollout@2", "group@2", "advantages@2", "update@2",
                   "evaluate@2", "report"}
-    fit = {"reward_init", "fit@1", "fit@2"} if METHOD_REGISTRY[method].fits else set()
+    fit = {"reward_init", "fit@1", "fit@2"} if METHODS[method].fits else set()
     assert plan == downstream | fit
     assert not plan & {"init", "rollout@1", "group@1", "evaluate@0"}
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", SHARED_RUN_METHODS)
 def test_method_runs_end_to_end(method_runs, method):
     d = method_runs[0][method]
     for it in (1, 2):
@@ -37,7 +37,7 @@ def test_method_runs_end_to_end(method_runs, method):
         assert (d / f"results/iter_{it}/checkpoint/model.safetensors").is_file()
         assert (d / f"results/iter_{it}/eval_metrics.json").is_file()
         fit_out = d / f"results/iter_{it}/step_rewards.parquet"
-        assert fit_out.is_file() is METHOD_REGISTRY[method].fits
+        assert fit_out.is_file() is METHODS[method].fits
     assert pl.read_csv(d / "results/report/success_curve.csv")["iteration"].to_list() == [0, 1, 2]
     assert not list(d.glob("results/**/.*.tmp-*"))
 

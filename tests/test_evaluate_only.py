@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from pipeline import tables
+from pipeline.data import tables
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ def test_a_project_checkpoint_evaluates_as_the_stage_did(grpo_run, tmp_path):
     assert metrics == json.loads((grpo_run / "results/iter_1/eval_metrics.json").read_text())
     logged = [json.loads(x) for x in (out / "evaluate_1.jsonl").read_text().splitlines()]
     assert any(m["metrics"].get("eval/success_rate") == metrics["success_rate"] for m in logged)
-    from mlflow import MlflowClient     # tracking on (the tiny params): a run named after the checkpoint
+    from mlflow import MlflowClient  # tracking on (the tiny params): a run named after the checkpoint
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("creditrl")
@@ -48,8 +48,8 @@ def test_a_project_checkpoint_evaluates_as_the_stage_did(grpo_run, tmp_path):
 
 def test_a_lora_adapter_folder_evaluates_as_base_plus_adapter(grpo_run, tmp_path):
     """An adapter with B = 0 computes its base exactly, so it evaluates to the stage's table of iteration 0."""
-    from pipeline.policy import load_policy, save_policy, with_lora
-    from pipeline.schema import LoraSettings
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import load_policy, save_policy, with_lora
 
     base = grpo_run / "results/iter_0/checkpoint"
     model, tok = load_policy(base)

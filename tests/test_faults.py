@@ -9,12 +9,12 @@ import re
 import polars as pl
 import pytest
 
-import pipeline.engines as engines
-import pipeline.rollout as rollout
-from pipeline.config import CreditConfig
+import pipeline.model.engines as engines
+import pipeline.rollout.episodes as rollout
+from pipeline.config.params import CreditConfig
 from pipeline.envs.sokoban import SokobanEnv
-from pipeline.policy import Generation
-from pipeline.rollout import EnvFailureError, EpisodeSpec, check_env_errors, episode_summary, play_episodes
+from pipeline.model.policy import Generation
+from pipeline.rollout.episodes import EnvFailureError, EpisodeSpec, check_env_errors, episode_summary, play_episodes
 
 CAP = 48  # max_new_tokens: a scripted response is one "token" a character, cut at the cap
 

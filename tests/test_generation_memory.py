@@ -18,7 +18,7 @@ BOUND_MB = 300   # one step's [batch, vocab] tensors take about 140 MiB here, wh
 SCRIPT = textwrap.dedent(f"""
     import resource, sys, torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from pipeline.policy import generate
+    from pipeline.model.policy import generate
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = LlamaForCausalLM(LlamaConfig(vocab_size={VOCAB}, hidden_size=16, intermediate_size=32,

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from pipeline import tables
-from pipeline.policy import adapter_base, load_policy, pad_batch, token_logprobs
+from pipeline.data import tables
+from pipeline.model.policy import adapter_base, load_policy, pad_batch, token_logprobs
 from tests.conftest import SNAKEMAKE, snakemake_failure
 
 pytestmark = pytest.mark.e2e

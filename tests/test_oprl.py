@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import tables
-from pipeline.methods.base import EPS
-from pipeline.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
+from pipeline.credit.base import EPS
+from pipeline.credit.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
+from pipeline.data import tables
 from tests.conftest import PAD, batch, tiny_llama
 from tests.test_credit_methods import AE0, AE1, PER_EPISODE_STD, advantages
 
@@ -78,8 +78,8 @@ def test_oprl_prm_loss_falls_and_its_rewards_then_separate_successes():
 def test_oprl_lora_prm_starts_at_the_policy_and_trains_adapters_only():
     """`credit.oprl.lora`: adapters with B = 0 leave the PRM exactly the policy (r_phi = 0), and the PRM's update
     moves only the adapters while still separating successes from failures."""
-    from pipeline.policy import with_lora
-    from pipeline.schema import LoraSettings
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import with_lora
 
     policy = tiny_llama()
     prm = with_lora(copy.deepcopy(policy), LoraSettings(r=4, alpha=8), seed=0)
@@ -114,7 +114,7 @@ def test_oprl_gradient_through_chunks_equals_one_big_batch():
         grads.append(torch.cat([p.grad.flatten() for p in prm.parameters() if p.grad is not None]))
     # reference: autograd through the whole graph at once
     prm = copy.deepcopy(policy)
-    from pipeline.policy import pad_batch, token_logprobs
+    from pipeline.model.policy import pad_batch, token_logprobs
 
     ids, attn, resp = pad_batch(prompts, responses, PAD)
     logp, _ = token_logprobs(prm, ids, resp)
@@ -182,7 +182,7 @@ def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_r
     import subprocess
     import sys
 
-    from pipeline.policy import adapter_base
+    from pipeline.model.policy import adapter_base
 
     d = lora_reward_runs[method]
     base = d / "results/iter_0/checkpoint"
@@ -213,8 +213,8 @@ def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_r
 
 
 def test_a_reward_model_saved_without_lora_is_refused_when_lora_is_set(tmp_path):
-    from pipeline.config import Params
-    from pipeline.methods.oprl import ImplicitPRM
+    from pipeline.config.params import Params
+    from pipeline.credit.methods.oprl import ImplicitPRM
 
     tiny_llama().save_pretrained(tmp_path / "reward_model")
     p = Params.model_validate({"credit": {"method": "oprl", "oprl": {"lora": {"r": 4}}}})

@@ -8,10 +8,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config import Params
+from pipeline.config.params import Params
 from pipeline.envs.base import make_env
-from pipeline.policy import encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device
-from pipeline.rollout import EpisodeSpec, play_episodes
+from pipeline.model.policy import encode_prompt, encode_response, generate, load_policy, render_prompt, resolve_device
+from pipeline.rollout.episodes import EpisodeSpec, play_episodes
 from tests.conftest import CHAT
 
 
@@ -29,7 +29,7 @@ def test_sampling_ignores_the_folders_generation_config(qwen_folder, tmp_path):
 
     from transformers import GenerationConfig
 
-    from pipeline.policy import pad_batch, token_logprobs
+    from pipeline.model.policy import pad_batch, token_logprobs
 
     d = tmp_path / "qwen-sampling"
     shutil.copytree(qwen_folder, d)
@@ -92,7 +92,7 @@ def test_init_stage_takes_the_given_folder(qwen_folder, tmp_path):
 def test_token_logprobs_match_a_masked_full_forward_and_generation(qwen_folder):
     """The fast path (no padding mask on a right-padded batch, LM head only on response columns) gives the same
     log-probs and entropies as a full forward with a padding mask, and the same log-probs as sampling."""
-    from pipeline.policy import pad_batch, token_logprobs
+    from pipeline.model.policy import pad_batch, token_logprobs
 
     model, tok = load_policy(qwen_folder)
     prompts = [encode_prompt(tok, "hi"), encode_prompt(tok, "a much longer prompt than the first one")]

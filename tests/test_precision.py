@@ -1,4 +1,4 @@
-"""Mixed precision keeps fp32 master weights (pipeline.precision), and log-probs are taken at the sampling
+"""Mixed precision keeps fp32 master weights (pipeline.model.precision), and log-probs are taken at the sampling
 temperature (credit-assignment.md, Policy update)."""
 
 import copy
@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.config import UpdateConfig
-from pipeline.policy import generate, load_policy
-from pipeline.ppo import ppo_update, sequence_logprobs
-from pipeline.precision import compute_dtype
+from pipeline.config.params import UpdateConfig
+from pipeline.model.policy import generate, load_policy
+from pipeline.model.ppo import ppo_update, sequence_logprobs
+from pipeline.model.precision import compute_dtype
 
 PAD, EOS = 0, 1
 

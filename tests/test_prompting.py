@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.prompting import build_prompt, parse_action
+from pipeline.envs.actions import parse_action
+from pipeline.rollout.prompts import build_prompt
 
 ACTIONS = ("up", "down", "left", "right")
 

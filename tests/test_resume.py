@@ -24,7 +24,7 @@ import polars as pl
 import pytest
 import yaml
 
-from pipeline.tables import ADVANTAGES, STEPS, write_table
+from pipeline.data.tables import ADVANTAGES, STEPS, write_table
 from tests.conftest import ROOT, SNAKEMAKE, snakemake_failure, workflow_files
 
 pytestmark = pytest.mark.e2e
@@ -159,7 +159,7 @@ def test_stages_finish_without_mlflow_and_sync_later(grpo_run, tmp_path):
     (d / "mlflow.db").write_bytes(b"this is not an SQLite database" * 100)   # a broken store
     r = stage(d, "group", 1)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "MLflow tracking unavailable" in r.stderr and "pipeline.tracking sync" in r.stderr
+    assert "MLflow tracking unavailable" in r.stderr and "pipeline.workflow.tracking sync" in r.stderr
     metrics = d / "results" / "metrics" / "group_1.jsonl"
     logged = [json.loads(line) for line in metrics.read_text().splitlines()]
     share = next(rec["metrics"] for rec in logged if "group/share_turns_in_nonsingleton" in rec["metrics"])
@@ -167,7 +167,7 @@ def test_stages_finish_without_mlflow_and_sync_later(grpo_run, tmp_path):
 
     (d / "mlflow.db").unlink()                               # the store is back
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "pipeline.tracking", "sync", "--params", "params.yaml"], cwd=d,
+    r = subprocess.run([sys.executable, "-m", "pipeline.workflow.tracking", "sync", "--params", "params.yaml"], cwd=d,
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and "synced 1 stage(s)" in r.stdout, r.stderr[-3000:]
     assert not (d / "results" / "metrics" / "group_1.unsynced").exists()

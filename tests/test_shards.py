@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config import ParamsError, load_params
-from pipeline.policy import _SeededSampling
-from pipeline.shards import ShardError, shard_slices
+from pipeline.config.params import ParamsError, load_params
+from pipeline.model.policy import _SeededSampling
+from pipeline.rollout.shards import ShardError, shard_slices
 from tests.conftest import ROOT, SNAKEMAKE, planned_jobs, snakemake_failure, workflow_files
 
 

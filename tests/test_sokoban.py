@@ -4,8 +4,16 @@ import math
 
 import pytest
 
-from pipeline.envs.sokoban import (REWARD_BOX_OFF, REWARD_BOX_ON, REWARD_SOLVED, REWARD_STEP, SokobanEnv, Solver,
-                                   generate_room, parse_grid)
+from pipeline.envs.sokoban import (
+    REWARD_BOX_OFF,
+    REWARD_BOX_ON,
+    REWARD_SOLVED,
+    REWARD_STEP,
+    SokobanEnv,
+    Solver,
+    generate_room,
+    parse_grid,
+)
 
 
 def dist(grid: str) -> float:
@@ -113,7 +121,7 @@ def test_oracle_distance_and_expert_follow_the_solver_along_an_episode():
 
 
 def test_an_env_whose_engine_is_missing_names_the_packages():
-    from pipeline.envs.base import EnvSpec, _REGISTRY, make_env, register
+    from pipeline.envs.base import _REGISTRY, EnvSpec, make_env, register
 
     register(EnvSpec("ghost", object, lambda cfg, d: None, requires=("no_such_engine_module",),
                      packages="the ghost package"))

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import tables
-from pipeline.methods.spa import REPLAY, ProgressEstimator, SpaConfig, spa_loss, train_progress
+from pipeline.credit.methods.spa import REPLAY, ProgressEstimator, SpaConfig, spa_loss, train_progress
+from pipeline.data import tables
 from tests.conftest import PAD, batch, tiny_llama
 from tests.test_credit_methods import advantages
 
@@ -59,9 +59,9 @@ def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
 def test_spa_replay_travels_beside_the_estimator_in_both_workflows():
     import yaml
 
-    from pipeline.config import load_params
-    from pipeline.dvcgen import render
-    from pipeline.registry import STAGE_BY_NAME, deps_for
+    from pipeline.config.params import load_params
+    from pipeline.workflow.dvcgen import render
+    from pipeline.workflow.registry import STAGE_BY_NAME, deps_for
     from tests.conftest import ROOT
 
     base = load_params(ROOT / "params.yaml")
@@ -90,8 +90,8 @@ def test_spa_estimator_with_lora_trains_adapters_and_head_only(tmp_path):
     pointer to the policy it adapts) and the head, and it reloads to the same contributions."""
     import json
 
-    from pipeline.policy import pad_batch
-    from pipeline.schema import LoraSettings
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import pad_batch
 
     tiny_llama().save_pretrained(tmp_path / "policy")
     est = ProgressEstimator.from_policy(tmp_path / "policy", lora=LoraSettings(r=4, alpha=8), seed=0)

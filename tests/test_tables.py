@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from pipeline.tables import GROUPS, STEPS, TableError, atomic_dir, read_table, write_table
+from pipeline.data.tables import GROUPS, STEPS, TableError, atomic_dir, read_table, write_table
 
 
 def groups_frame():
@@ -141,7 +141,7 @@ def test_broken_content_is_named_in_one_line(steps_file, edit, message):
 
 
 def test_a_joined_table_must_cover_the_same_turns(tmp_path):
-    from pipeline.tables import check_same_turns
+    from pipeline.data.tables import check_same_turns
 
     steps = steps_frame()
     groups = steps.select("episode_id", "step").filter(pl.col("step") != 1)

@@ -1,12 +1,12 @@
-"""Task seeds of training, warm-start, tokenizer and held-out tasks never meet (pipeline.tasks)."""
+"""Task seeds of training, warm-start, tokenizer and held-out tasks never meet (pipeline.data.seeds)."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import Params
-from pipeline.tasks import MAX_INDEX, STREAMS, fields, task_seed
-from pipeline.warmstart import demonstration_tasks
+from pipeline.config.params import Params
+from pipeline.data.seeds import MAX_INDEX, STREAMS, fields, task_seed
+from pipeline.rollout.warmstart import demonstration_tasks
 from stages.evaluate import eval_specs
 from stages.rollout import training_specs
 

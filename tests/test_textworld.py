@@ -4,7 +4,7 @@ commands parsed exactly, the exact logic-state oracle and expert, and the tiny c
 
 import pytest
 
-from pipeline.config import Params
+from pipeline.config.params import Params
 from pipeline.envs.base import has, make_env
 
 pytest.importorskip("textworld")

@@ -1,4 +1,4 @@
-"""runtime.torch_threads sets the threads of every stage, however it is started (pipeline.threads)."""
+"""runtime.torch_threads sets the threads of every stage, however it is started (pipeline.workflow.threads)."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 import yaml
 
-from pipeline.tables import STEPS, write_table
-from pipeline.threads import ENV, configure
+from pipeline.data.tables import STEPS, write_table
+from pipeline.workflow.threads import ENV, configure
 from tests.test_tables import steps_frame
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pipeline.config import Params
-from pipeline.tracking import Tracker
+from pipeline.config.params import Params
+from pipeline.workflow.tracking import Tracker
 
 
 def test_metrics_logged_during_the_background_start_reach_child_and_parent(tmp_path, monkeypatch):

@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-from pipeline.config import UpdateConfig
-from pipeline.policy import with_lora
-from pipeline.ppo import policy_loss, ppo_update, sequence_logprobs
-from pipeline.schema import LoraSettings
+from pipeline.config.params import UpdateConfig
+from pipeline.data.section import LoraSettings
+from pipeline.model.policy import with_lora
+from pipeline.model.ppo import policy_loss, ppo_update, sequence_logprobs
 from tests.conftest import PAD, tiny_llama
 
 

@@ -13,8 +13,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.config import load_params
-from pipeline.registry import STAGE_BY_NAME, processes_for
+from pipeline.config.params import load_params
+from pipeline.workflow.registry import STAGE_BY_NAME, processes_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from pipeline import tables
-from pipeline.policy import load_policy, pad_batch, token_logprobs
+from pipeline.data import tables
+from pipeline.model.policy import load_policy, pad_batch, token_logprobs
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -64,8 +64,8 @@ def test_vllm_rollout_logprobs_match_the_trainers(vllm_run):
 
 
 def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
-    from pipeline.config import load_params
-    from pipeline.engines import open_sampler
+    from pipeline.config.params import load_params
+    from pipeline.model.engines import open_sampler
 
     folder = tmp_path / "hd16"
     model, tok = load_policy(vllm_run / "results/iter_0/checkpoint")
@@ -82,8 +82,8 @@ def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
 
 def lora_checkpoint(base, folder, seed=0):
     """A LoRA checkpoint on `base` whose adapter changes the policy (B random, not 0)."""
-    from pipeline.policy import save_policy, with_lora
-    from pipeline.schema import LoraSettings
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import save_policy, with_lora
 
     model, tok = load_policy(base)
     model = with_lora(model, LoraSettings(r=4, alpha=8), seed=seed)
@@ -101,8 +101,8 @@ def lora_checkpoint(base, folder, seed=0):
 def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp_path, mode):
     """Both ways of serving a LoRA checkpoint (rollout.vllm.lora) sample from base + adapter: the log-probs vLLM
     returns are the trainer's of the adapted policy, and far from the base's."""
-    from pipeline.config import load_params
-    from pipeline.engines import open_sampler
+    from pipeline.config.params import load_params
+    from pipeline.model.engines import open_sampler
 
     base = vllm_run / "results/iter_0/checkpoint"
     ck = lora_checkpoint(base, tmp_path / "iter_1" / "checkpoint")

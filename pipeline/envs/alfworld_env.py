@@ -9,7 +9,7 @@ countertop 1", "take apple 1 from countertop 1", "heat apple 1 with microwave 1"
 `data_path` is a user's copy of the official release (its `json_2.1.1` folder); left empty, it is the small set of
 games the project ships (`data/alfworld/json_2.1.1`, written by `pipeline.envs.alfworld_games` in the same format).
 Training, warm-start and tokenizer tasks draw games from `split` by a hash of the task seed; held-out tasks
-(`pipeline.tasks`, stream "eval") take the games of `eval_split` in order.
+(`pipeline.data.seeds`, stream "eval") take the games of `eval_split` in order.
 
 The policy sees the message its last command produced (at the start: the room); the anchor is that text, without
 history, as in verl-agent's ALFWorld. The task text is ALFWorld's "Your task is to: ...". Reward 1 when the goal
@@ -33,9 +33,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from pipeline.data.section import EnvSection
+from pipeline.data.seeds import fields
+from pipeline.envs.actions import parse_action
 from pipeline.envs.base import EnvSpec, Observation, StepResult, register
-from pipeline.prompting import parse_action
-from pipeline.schema import EnvSection
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "alfworld" / "json_2.1.1"
 TASK_TYPES = {1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
@@ -98,8 +99,6 @@ def _mix(x: int) -> int:
 
 def game_of(cfg: AlfWorldConfig, task: int) -> str:
     """The game file a task seed plays: held-out tasks in order through `eval_split`, the others by hash."""
-    from pipeline.tasks import fields
-
     stream, _, _, index = fields(task)
     types = tuple(sorted(set(cfg.task_types)))
     if stream == "eval":

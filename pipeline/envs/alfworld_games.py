@@ -126,9 +126,10 @@ def make_game(task_type: int, rng: random.Random):
 
 
 def write_games(out: Path, split: str, count: int, seed: int, task_types: list[int]) -> list[Path]:
-    from alfworld.agents.utils.misc import add_task_to_grammar
-    import alfworld
     from importlib.resources import files
+
+    import alfworld
+    from alfworld.agents.utils.misc import add_task_to_grammar
 
     data = files(alfworld) / "data"
     domain = (data / "alfred.pddl").read_text()

@@ -86,6 +86,7 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 _DISCOVERED = False
+_SUPPORT = {"base", "actions"}   # the package's modules that are not environments
 
 
 def registered() -> dict[str, EnvSpec]:
@@ -93,10 +94,8 @@ def registered() -> dict[str, EnvSpec]:
     the others from being found)."""
     global _DISCOVERED
     if not _DISCOVERED:
-        from pipeline import envs
-
-        for m in pkgutil.iter_modules(envs.__path__):
-            if m.name != "base":
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            if m.name not in _SUPPORT:
                 importlib.import_module(f"pipeline.envs.{m.name}")
         _DISCOVERED = True
     return dict(_REGISTRY)

@@ -18,15 +18,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
+from pipeline.data.section import EnvSection
+from pipeline.envs.actions import parse_action
 from pipeline.envs.base import EnvSpec, Observation, StepResult, register
-from pipeline.prompting import parse_action
-from pipeline.schema import EnvSection
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

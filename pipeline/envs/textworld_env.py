@@ -30,9 +30,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from pipeline.data.section import EnvSection
+from pipeline.envs.actions import parse_action
 from pipeline.envs.base import EnvSpec, Observation, StepResult, register
-from pipeline.prompting import parse_action
-from pipeline.schema import EnvSection
 
 
 class TextWorldConfig(EnvSection):

@@ -1,0 +1,395 @@
+"""Every knob of the pipeline, as a typed and validated schema of `params.yaml`.
+
+An unknown key, a wrong type or a value out of range stops the run before any work, with one message that names
+the file, the dotted key and what was expected (`ParamsError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
+
+from pipeline.credit.methods import METHODS, EpisodeConfig, Method
+from pipeline.data.section import LoraSettings, Section
+from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
+from pipeline.envs.base import registered as registered_envs
+from pipeline.rollout.shards import shard_slices
+
+GROUPS_PER_ITERATION = 1_000_000  # task-group ids of iteration i are i * GROUPS_PER_ITERATION + index
+
+
+class LoopConfig(Section):
+    iterations: int = Field(6, ge=1, le=min(1000, MAX_ITERATION),
+                            description="RL iterations after iteration 0 (the initial policy)")
+
+
+ENV_REGISTRY = registered_envs()
+DEFAULT_ENV = "sokoban"
+
+
+def _env_name(value) -> str:
+    return (value.get("name", DEFAULT_ENV) if isinstance(value, dict) else getattr(value, "name", DEFAULT_ENV))
+
+
+# `env` is the section of the environment `env.name` names (default sokoban); each environment module declares its
+# own (pipeline/envs/).
+EnvConfig = Annotated[Union[tuple(Annotated[s.config, Tag(n)] for n, s in ENV_REGISTRY.items())],  # noqa: UP007
+                      Discriminator(_env_name)]
+
+
+class PromptConfig(Section):
+    history_turns: int = Field(2, ge=0, le=20, description="earlier turns (observation, action) shown in the prompt")
+
+
+class TinyModelConfig(Section):
+    vocab_size: int = Field(768, ge=300, le=65536, description="byte-level BPE vocabulary trained on env text")
+    hidden_size: int = Field(64, ge=16, description="Llama hidden size")
+    intermediate_size: int = Field(192, ge=16, description="Llama MLP size")
+    num_hidden_layers: int = Field(2, ge=1, description="Llama layers")
+    num_attention_heads: int = Field(2, ge=1, description="attention heads (must divide hidden_size); the head "
+                                     "size hidden_size / heads must be one vLLM's CPU attention accepts (32 here)")
+    tokenizer_corpus_episodes: int = Field(300, ge=10, le=MAX_INDEX,
+                                           description="random episodes rendered to train the tokenizer")
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        return self
+
+
+class PolicyConfig(Section):
+    path: str | None = Field(None, description="local Hugging Face model folder; null builds the tiny default")
+    tiny: TinyModelConfig = TinyModelConfig()
+    max_new_tokens: int = Field(12, ge=1, le=4096, description="response length cap in tokens")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of the whole policy (null: "
+                                      "full fine-tuning)")
+
+    @model_validator(mode="after")
+    def _path_exists(self):
+        if self.path is not None:
+            p = Path(self.path).expanduser()
+            if not p.is_dir() or not (p / "config.json").is_file():
+                raise ValueError(f"path {self.path!r} is not a Hugging Face model folder (no config.json there)")
+        return self
+
+
+class WarmstartConfig(Section):
+    episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="expert-guided episodes turned into demonstrations")
+    tasks: int | None = Field(None, ge=1, le=MAX_INDEX, description="distinct warm-start tasks the episodes cycle "
+                              "through (null: a new task every episode; set it where tasks are costly to make, as "
+                              "generated text games are)")
+    random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
+                                       "with a random action instead of an optimal one")
+    steps: int = Field(800, ge=0, description="supervised optimisation steps")
+    clean_steps: int = Field(600, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
+                             "the remaining steps use the mixed labels (the policy's noise)")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0.0)
+
+
+class VllmSettings(Section):
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="share of the device's memory vLLM takes for weights and KV cache (on "
+        "the CPU: of the machine's memory); null: 0.85 on a GPU, 0.2 on the CPU")
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + response; null: the model's")
+    lora: Literal["merged", "adapter"] = Field(
+        "merged", description="how vLLM samples from a LoRA checkpoint: merged (the adapter merged into a temporary "
+        "copy of the base, plain dense weights) or adapter (the base with vLLM's LoRA support, the adapter passed "
+        "with every request)")
+
+
+class RolloutConfig(Section):
+    tasks_per_iteration: int = Field(32, ge=1, lt=GROUPS_PER_ITERATION, description="task groups per iteration")
+    group_size: int = Field(8, ge=1, le=1000, description="episodes per task (G); episode ids are "
+                            "task_group * 1000 + k")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
+    batch_size: int = Field(256, ge=1, description="episodes generated together: the episodes are cut into fixed "
+                            "blocks of this size, each generated as one batch (its live episodes) every turn")
+    shards: int = Field(1, ge=1, le=256, description="Snakemake jobs per iteration's rollout, each playing a slice "
+                        "of whole batches; a merge job writes the one step table, the same for any shard count")
+    engine: Literal["hf", "vllm"] = Field("hf", description="what samples in rollout and evaluate: hf (Hugging Face "
+                                          "generate) or vllm (vLLM's offline engine; scripts/install-vllm)")
+    vllm: VllmSettings = VllmSettings()
+
+
+METHOD_NAMES: tuple[str, ...] = tuple(METHODS)  # the registered credit methods, in listing order
+FIT_METHODS = tuple(n for n, m in METHODS.items() if m.fits)  # with a learned step reward (fit stage)
+
+
+class _CreditBase(Section):
+    method: Literal[METHOD_NAMES] = Field(METHOD_NAMES[0], description="advantage estimator, the first in listing "
+                                          "order by default (docs/credit-assignment.md)")
+    invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's final advantage, "
+                                   "after every normalisation (credit-assignment.md, Invalid actions)")
+    episode: EpisodeConfig = Field(EpisodeConfig(), description="the episode-level term A^E every method with one "
+                                   "shares (credit-assignment.md, Episode level, shared)")
+
+    @property
+    def method_def(self) -> Method:
+        return METHODS[self.method]
+
+    @property
+    def section(self) -> Section:
+        """The chosen method's own section (its step-level keys)."""
+        return getattr(self, self.method)
+
+    @property
+    def needs_fit(self) -> bool:
+        return self.method_def.fits
+
+
+# `credit.<method>` for every registered method: each method module declares its own section.
+CreditConfig = create_model(
+    "CreditConfig", __base__=_CreditBase, __doc__="credit-assignment.md: the method and every method's section",
+    **{name: (m.config, Field(m.config(), description=m.summary)) for name, m in METHODS.items()})
+
+
+class UpdateConfig(Section):
+    lr: float = Field(2e-4, gt=0.0)
+    epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
+    minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
+    micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
+                                         "gradients are accumulated over its micro-batches, with the same token-mean "
+                                         "loss (memory, not maths; null: the whole minibatch at once)")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
+                                         "pass instead of keeping them (less memory, about a third more compute)")
+    clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
+    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
+    kl_coef: float = Field(0.0, ge=0.0, description="low_var_kl to the iteration-0 policy; 0 turns it off")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class EvaluateConfig(Section):
+    tasks: int = Field(128, ge=1, lt=GROUPS_PER_ITERATION, description="held-out tasks")
+    episodes_per_task: int = Field(2, ge=1, le=64, description="sampled episodes per held-out task (more: less "
+                                   "noise in the success rate)")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
+    shards: int = Field(1, ge=1, le=256, description="Snakemake jobs per evaluation, each playing a slice of whole "
+                        "batches of rollout.batch_size episodes; a merge job writes the episode table")
+
+
+class TrackingConfig(Section):
+    enabled: bool = True
+    tracking_uri: str | None = Field(None, description="null: sqlite database mlflow.db at the repository root")
+    experiment: str = "creditrl"
+
+
+class ReportConfig(Section):
+    credit_oracle: bool = Field(True, description="score the run's own advantages against the environment's oracle "
+                                "(ROC-AUC, credit-assignment.md: Oracle credit) in results/report/metrics.json; the "
+                                "report then replays every training episode (slow where the oracle plans, as "
+                                "ALFWorld's does); environments without an oracle skip it")
+
+
+class StageResources(Section):
+    """What one stage's cluster jobs ask for; a key left out keeps the registry's default (pipeline/workflow/registry.py)."""
+    threads: int | None = Field(None, ge=1, description="cores (SLURM: --cpus-per-task)")
+    mem_mb: int | None = Field(None, ge=1, description="memory in MB (SLURM: --mem)")
+    runtime: int | None = Field(None, ge=1, description="wall time in minutes (SLURM: -t)")
+    gpu: int | None = Field(None, ge=0, description="GPUs (SLURM: --gpus); default 1 for a stage that loads a model "
+                            "when runtime.device is a GPU (update: runtime.update_processes), else 0")
+
+
+class ResourcesConfig(Section):
+    """`runtime.resources`: one optional entry per stage of the registry (a test keeps the two lists equal)."""
+    init: StageResources | None = None
+    reward_init: StageResources | None = None
+    rollout: StageResources | None = None
+    group: StageResources | None = None
+    fit: StageResources | None = None
+    advantages: StageResources | None = None
+    update: StageResources | None = None
+    evaluate: StageResources | None = None
+    report: StageResources | None = None
+
+
+class RuntimeConfig(Section):
+    torch_threads: int = Field(0, ge=0, description="threads of torch, BLAS and polars in every stage, however it is "
+                               "started; 0: the job's declared threads (runtime.resources), at most the machine's "
+                               "cores, under Snakemake and DVC alike; all cores for a stage started by hand")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="where the models run: auto (cuda when torch sees a GPU, else cpu), cpu, cuda "
+                        "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "
+                        "use the same device")
+    keep_optimizer: Literal["last", "all"] = Field(
+        "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, only "
+        "the newest, which the next update resumes from; all, every one, so that any iteration can be rerun alone")
+    resources: ResourcesConfig = Field(
+        ResourcesConfig(), description="per stage (init, rollout, update, ...; a sharded stage's shards take its entry): threads, "
+        "mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
+    update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
+                                  "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
+    update_sharding: Literal["replicate", "fsdp"] = Field(
+        "replicate", description="with update_processes > 1: every process holds the whole model (replicate, as "
+        "DDP), or a 1/N shard of its weights, gradients and AdamW moments (fsdp: FSDP2, for models whose full "
+        "fine-tuning does not fit one GPU)")
+
+
+class FaultsConfig(Section):
+    """What the rollout and evaluate stages tolerate (README, Failures and resuming)."""
+    max_env_error_share: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="share of episodes whose environment raised that the stage accepts before it fails")
+
+
+class BaseRun(Section):
+    """A finished run whose outputs this run reuses, linked on disk instead of copied or recomputed."""
+    params: str = Field(description="the base run's params file (its run.dir, relative to that file's folder, says "
+                        "where its outputs are)")
+    through: int = Field(1, ge=0, le=MAX_ITERATION, description="reuse the base's jobs of iterations 0..through "
+                         "whose params this run shares (e.g. 1: the initial policy and iteration 1's rollout and "
+                         "groups when only credit changes)")
+
+
+class RunConfig(Section):
+    dir: str = Field("results", min_length=1, description="the folder every output of this run goes under (runs "
+                     "with different dirs coexist); relative to the working directory")
+    base: BaseRun | None = Field(None, description="a run to reuse outputs of (null: none)")
+
+    @model_validator(mode="after")
+    def _plain_dir(self):
+        if Path(self.dir).name in ("", ".", "..") or "{" in self.dir:
+            raise ValueError(f"dir {self.dir!r} must name a folder (not '.', '..' or a template)")
+        return self
+
+
+class Params(Section):
+    seed: int = Field(0, ge=0, lt=2**31)
+    run: RunConfig = RunConfig()
+    loop: LoopConfig = LoopConfig()
+    env: EnvConfig = Field(default_factory=lambda: ENV_REGISTRY[DEFAULT_ENV].config(),
+                           description="the environment: its name and its own keys")
+    prompt: PromptConfig = PromptConfig()
+    policy: PolicyConfig = PolicyConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    credit: CreditConfig = CreditConfig()
+    update: UpdateConfig = UpdateConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    report: ReportConfig = ReportConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    faults: FaultsConfig = FaultsConfig()
+
+    @model_validator(mode="after")
+    def _group_methods_need_groups(self):
+        if self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size is {self.rollout.group_size}, but credit.method {self.credit.method!r} "
+                "normalises within task groups and needs at least 2 episodes per task"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_without_fp16(self):
+        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 \
+                and self.policy.dtype == "float16":
+            raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
+                             "policy.dtype bfloat16 (or float32)")
+        return self
+
+    @model_validator(mode="after")
+    def _shards_fit(self):
+        r, e = self.rollout, self.evaluate
+        shard_slices(r.tasks_per_iteration * r.group_size, r.batch_size, r.shards, r.group_size, "rollout.shards")
+        shard_slices(e.tasks * e.episodes_per_task, r.batch_size, e.shards, e.episodes_per_task, "evaluate.shards")
+        return self
+
+
+class ParamsError(ValueError):
+    """A bad params file; the message names the file and the key."""
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc) if loc else "(top level)"
+
+
+def _moved(loc: tuple) -> str:
+    """A hint for the episode-level keys that moved from the methods' sections to `credit.episode`."""
+    if len(loc) == 3 and loc[0] == "credit" and loc[1] in METHOD_NAMES and (
+            loc[2] in ("episode_mode", "episode_stats", "mode")):
+        key = "mode" if loc[2] in ("mode", "episode_mode") else "episode_stats"
+        return f"; the episode level is shared by every method now: set credit.episode.{key}"
+    return ""
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = _format_loc(err["loc"])
+            if err["type"] == "union_tag_invalid":
+                problems.append(f"key '{loc}.name': unknown {loc} {err['ctx']['tag']!r}; expected one of "
+                                f"{err['ctx']['expected_tags']}")
+            elif err["type"] == "extra_forbidden":
+                problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)"
+                                + _moved(err["loc"]))
+            else:
+                got = err.get("input")
+                got_s = "" if isinstance(got, dict) else f", got {got!r}"
+                problems.append(f"key '{loc}': {err['msg']}{got_s}")
+        raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
+
+
+def apply_overrides(data: dict, sets: list[str], where: str = "--set") -> dict:
+    """A copy of the params mapping `data` with dotted `KEY=VALUE` overrides (values parsed as YAML); sections
+    the mapping lacks are created (the schema validates the result)."""
+    data = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ParamsError(f"{where} {item!r}: expected KEY=VALUE, e.g. credit.oprl.lr=2e-4")
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ParamsError(f"{where} {item!r}: '{part}' of key '{key}' is a value, not a section")
+        node[leaf] = yaml.safe_load(value)
+    return data
+
+
+def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Params:
+    """`params` with dotted `KEY=VALUE` overrides (values parsed as YAML), validated like a params file."""
+    data = apply_overrides(params.model_dump(), sets, where)
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(f"{where}: invalid overrides: " + "; ".join(
+            f"key '{_format_loc(err['loc'])}': {err['msg']}" for err in e.errors())) from None
+
+
+def params_dict(params: Params) -> dict:
+    """Flat `section.key -> value` mapping, for logging to MLflow."""
+    out: dict = {}
+
+    def walk(prefix: str, obj) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = obj
+
+    walk("", params.model_dump())
+    return out

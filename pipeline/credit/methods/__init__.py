@@ -1,0 +1,62 @@
+"""The credit methods, one module each, registered by name (`pipeline.credit.base.Method`).
+
+Every module of this package except `base` and `reward_model` is a method and is imported here, so that adding a
+method means adding one module (and its tests): the params schema, the stage registry, the fit stage and the
+benchmarks read the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from pipeline.credit.base import EpisodeConfig, Method, compute, registered
+
+_SUPPORT = {"base", "reward_model"}
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name not in _SUPPORT:
+        importlib.import_module(f"{__name__}.{_m.name}")
+
+METHODS: dict[str, Method] = registered()
+
+
+def get(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"credit.method: unknown method {name!r}; expected one of {list(METHODS)}")
+    return METHODS[name]
+
+
+def compute_advantages(steps, credit):
+    """Advantages of `credit.method` (a validated `credit` section) on `steps`, sorted by (episode_id, step)."""
+    method = get(credit.method)
+    return compute(method, steps, getattr(credit, method.name), credit.episode, credit.invalid_penalty)
+
+
+def history_depth(credit, history_turns: int) -> int:
+    """How many anchors deep the group stage keys `history_groups`: the deepest any registered method asks for
+    under these params (`Method.history_depth`), at least K + 1 for K = `prompt.history_turns`. Every method's
+    request counts, not only the chosen one's, so that the group stage's output does not depend on the method."""
+    asked = [m.history_depth(getattr(credit, m.name), history_turns) for m in METHODS.values()
+             if m.history_depth is not None]
+    return max([history_turns + 1, *asked])
+
+
+def history_params() -> list[str]:
+    """The params keys that decide `history_depth` (the group stage's params)."""
+    return [f"credit.{m.name}.{k}" for m in METHODS.values() for k in m.history_keys]
+
+
+def check_history_depth(groups, credit, history_turns: int, where: str) -> None:
+    """A clear error when the chosen method reads history groups of another depth than these params ask for (the
+    group table was written under other params)."""
+    method = get(credit.method)
+    if method.history_depth is None or groups.height == 0:
+        return
+    have, want = groups["history_groups"].list.len().min(), history_depth(credit, history_turns)
+    if have != want:
+        raise ValueError(f"{where}: history_groups hold {have} depths, credit.{method.name} expects {want}; "
+                         "rerun the group stage")
+
+
+__all__ = ["METHODS", "EpisodeConfig", "Method", "check_history_depth", "compute_advantages", "get",
+           "history_depth", "history_params"]

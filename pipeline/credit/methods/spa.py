@@ -1,0 +1,321 @@
+"""SPA: stepwise progress attribution, critic-free (credit-assignment.md, SPA).
+
+`A_t = A^E(τ) + ω · norm(G^SPA_t; all turns of g)`, where `G^SPA` is the γ-discounted return of the step reward
+`r^SPA_t = progress_w · c_t + grounding_w · g_t` (g_t = 1 for a valid, executed action) and c_t is the progress
+estimator's contribution, written by the fit stage (`score`).
+
+The estimator is the policy's base model plus a scalar head on the final hidden state at each turn's last token
+(**Decision**: on the hidden state, not on the vocabulary logits), zero-initialised so that a new estimator gives
+every turn c_t = 0. Each iteration the replay (SPA's `replay.parquet`: the turns of the last `replay_iterations`
+iterations) is extended with this iteration's turns, the estimator trains on it so that each episode's
+contributions sum to its outcome, `(Σ_t c_t − R_final(τ))²`, and then scores this iteration's turns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
+from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
+from pipeline.data.section import LoraSettings, Mode, Section
+from pipeline.data.seeds import stage_seed
+from pipeline.data.tables import Table, empty_table
+
+HEAD_FILE = "progress_head.pt"
+REPLAY_FILE = "replay.parquet"
+REPLAY = Table(pa.schema([           # the estimator's training window: the turns of recent iterations
+    ("iteration", pa.int32()),
+    ("episode_id", pa.int64()),
+    ("step", pa.int32()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("response_ids", pa.list_(pa.int32())),
+    ("outcome", pa.float64()),        # R_final: success (the task score where the environment has one)
+]), contiguous=True, finite=("outcome",), empty_ok=True)
+
+
+class SpaConfig(Section):
+    """A progress estimator whose turn contributions sum to the outcome; the episode level is the shared
+    `credit.episode`."""
+    progress_w: float = Field(1.0, ge=0.0)
+    grounding_w: float = Field(0.5, ge=0.0)
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount of the SPA step return")
+    step_advantage_w: float = Field(1.0, ge=0.0, description="weight ω of the step-level advantage")
+    replay_iterations: int = Field(3, ge=1, description="recent iterations the estimator trains on")
+    lr: float = Field(1e-3, gt=0.0, description="estimator AdamW learning rate")
+    epochs: int = Field(2, ge=0, description="passes over the replay per iteration")
+    episodes_per_batch: int = Field(16, ge=1, description="episodes per optimiser step")
+    grad_clip: float = Field(1.0, gt=0.0)
+    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
+                                      "instead of every weight of the estimator (null)")
+
+
+def terms(t, cfg, episode) -> Terms:
+    r_spa = cfg.progress_w * t.col("score").astype(np.float64) + cfg.grounding_w * t.valid.astype(np.float64)
+    G = t.returns(r_spa, cfg.gamma)
+    return Terms(episode_advantage(t, episode), G, cfg.step_advantage_w * group_norm(G, t.task, cfg.mode))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The progress estimator
+
+class ProgressEstimator:
+    """A base model (the policy's architecture without its LM head) and a zero-initialised scalar head."""
+
+    def __init__(self, body, hidden_size: int):
+        import torch
+
+        self.body = body
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+        self.modules = torch.nn.ModuleDict({"body": body, "head": self.head})
+        self.base: Path | None = None   # the initial policy a LoRA body adapts
+
+    @classmethod
+    def from_policy(cls, path: str | Path, dtype: str = "float32", device=None, lora=None, seed: int = 0,
+                    ) -> ProgressEstimator:
+        """The body of the policy folder at `path`, fp32 master weights computing in `dtype`; with `lora` (a
+        `LoraSettings`), fresh adapters on the frozen body (B = 0: the same hidden states)."""
+        from pipeline.model.policy import with_lora
+
+        est = cls._build(path, dtype, device, None if lora is None else lambda body: with_lora(body, lora, seed, None))
+        est.base = Path(path) if lora is not None else None
+        return est
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
+        """The estimator `save` wrote: a whole body, or LoRA adapters on the initial policy's body."""
+        import torch
+
+        from pipeline.model.policy import adapter_base, is_adapter
+
+        path = Path(path)
+        if not (path / HEAD_FILE).is_file():
+            raise FileNotFoundError(f"{path}: not a progress estimator ({HEAD_FILE} missing)")
+        est = cls._build(path, dtype, device)
+        est.base = adapter_base(path) if is_adapter(path) else None
+        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True, map_location="cpu"))
+        return est
+
+    @classmethod
+    def _build(cls, path, dtype, device, wrap=None) -> ProgressEstimator:
+        from transformers import AutoModel
+
+        from pipeline.model.policy import load_weights, resolve_device
+        from pipeline.model.precision import mark
+
+        body = load_weights(path, dtype, train=True, auto_class=AutoModel)
+        body = wrap(body) if wrap is not None else body
+        est = cls(body, body.config.hidden_size)
+        est.modules.to(device=None if device is None else resolve_device(device))
+        mark(est.modules, dtype)
+        return est
+
+    def save(self, path: str | Path) -> None:
+        """The body (a LoRA body: its adapter, pointing at the initial policy) and the head."""
+        import torch
+
+        from pipeline.model.policy import save_weights
+
+        path = Path(path)
+        save_weights(self.body, path, self.base)
+        torch.save(self.head.state_dict(), path / HEAD_FILE)
+
+    def parameters(self):
+        """The weights that train (a LoRA body's adapters and the head; else all)."""
+        return [q for q in self.modules.parameters() if q.requires_grad]
+
+    def train(self):
+        self.modules.train()
+
+    def eval(self):
+        self.modules.eval()
+
+    def __call__(self, ids, attn):
+        import torch
+
+        from pipeline.model.precision import autocast
+
+        device = self.head.weight.device
+        ids, attn = ids.to(device), attn.to(device)
+        with autocast(self.modules):
+            hidden = self.body(input_ids=ids, attention_mask=attn).last_hidden_state
+        last = attn.sum(1) - 1
+        h = hidden[torch.arange(ids.shape[0], device=device), last]
+        return self.head(h.float()).squeeze(-1)
+
+    def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False):
+        """c_t for each turn (prompt + response, right-padded in chunks)."""
+        import torch
+
+        from pipeline.model.policy import pad_batch
+
+        out = []
+        with torch.set_grad_enabled(grad):
+            for b in range(0, len(prompts), batch_size):
+                ids, attn, _ = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
+                out.append(self(ids, attn))
+        return torch.cat(out) if out else torch.zeros(0)
+
+
+def spa_loss(c, turn_episode, outcome):
+    """SPA's loss (credit-assignment.md, SPA): mean over episodes of `(Σ_t c_t − R_final(τ))²`."""
+    import torch
+
+    total = torch.zeros(len(outcome), dtype=c.dtype, device=c.device).index_add(0, turn_episode.to(c.device), c)
+    return ((total - outcome.to(device=c.device, dtype=c.dtype)) ** 2).mean()
+
+
+def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,
+                   outcome: np.ndarray, cfg, pad_id: int, seed: int, progress: Log = None) -> dict[str, float]:
+    """`cfg.epochs` passes over the replay in shuffled batches of `cfg.episodes_per_batch` whole episodes."""
+    import torch
+
+    from pipeline.model.precision import NonFiniteError, Stepper
+
+    n_eps = len(outcome)
+    turns_of = [[] for _ in range(n_eps)]
+    for t, e in enumerate(turn_episode):
+        turns_of[e].append(t)
+    gen = torch.Generator().manual_seed(seed)
+    stepper = Stepper(est.modules, optimizer, cfg.grad_clip)
+    epoch_losses = []
+    started = time.perf_counter()
+    steps_total = cfg.epochs * math.ceil(n_eps / cfg.episodes_per_batch)
+    step = 0
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(n_eps, generator=gen).tolist()
+        batch_losses, weights = [], []
+        est.train()
+        for b in range(0, n_eps, cfg.episodes_per_batch):
+            eps = order[b: b + cfg.episodes_per_batch]
+            rows = [t for e in eps for t in turns_of[e]]
+            local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
+            c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
+                                  cfg.batch_size, grad=True)
+            loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"SPA estimator loss is {float(loss)} at epoch {epoch}")
+            optimizer.zero_grad(set_to_none=True)
+            stepper.backward(loss)
+            stepper.step(f"SPA estimator epoch {epoch}")
+            batch_losses.append(float(loss.detach()))
+            weights.append(len(eps))
+            step += 1
+            if progress is not None and (step % 10 == 0 or step == steps_total):
+                progress(f"estimator step {step}/{steps_total}: loss {batch_losses[-1]:.4f}, "
+                         f"{step / (time.perf_counter() - started):.2f} steps/s")
+        epoch_losses.append(float(np.average(batch_losses, weights=weights)) if batch_losses else float("nan"))
+    est.eval()
+    return {f"estimator_loss_epoch_{i}": v for i, v in enumerate(epoch_losses) if math.isfinite(v)}
+
+
+@dataclass
+class SpaState:
+    estimator: ProgressEstimator
+    tokenizer: object
+    optimizer: object
+    replay: pl.DataFrame         # the turns of the last `replay_iterations` iterations
+
+
+@dataclass
+class SpaBatch:
+    prompts: list                # this iteration's turns
+    responses: list
+    turn_episode: np.ndarray
+    outcome: np.ndarray          # per episode of this iteration
+    replay: pl.DataFrame         # the training window, this iteration included
+    seed: int
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _episode_index(episode_ids: pl.Series) -> tuple[np.ndarray, list]:
+    eps = episode_ids.unique(maintain_order=True).to_list()
+    index = {e: i for i, e in enumerate(eps)}
+    return np.array([index[e] for e in episode_ids.to_list()], dtype=np.int64), eps
+
+
+class ProgressModel(StepRewardModel):
+    extra_tables = {REPLAY_FILE: REPLAY}
+
+    def init(self, policy_dir: Path, params) -> SpaState:
+        from transformers import AutoTokenizer
+
+        from pipeline.model import adamw
+
+        cfg = params.credit.spa
+        est = ProgressEstimator.from_policy(policy_dir, params.policy.dtype, params.runtime.device, cfg.lora,
+                                            seed=stage_seed("reward_init", params.seed))
+        tok = AutoTokenizer.from_pretrained(policy_dir, local_files_only=True)
+        return SpaState(est, tok, adamw.build(est.parameters(), cfg.lr), empty_table(REPLAY))
+
+    def load(self, model_dir: Path, tables, params) -> SpaState:
+        from transformers import AutoTokenizer
+
+        from pipeline.model import adamw
+
+        check_lora(model_dir, params.credit.spa.lora, "credit.spa.lora")
+        est = ProgressEstimator.load(model_dir, params.policy.dtype, params.runtime.device)
+        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        opt = adamw.build(est.parameters(), params.credit.spa.lr)
+        return SpaState(est, tok, opt, tables[REPLAY_FILE])
+
+    def save(self, state: SpaState, model_dir: Path) -> dict[str, pl.DataFrame]:
+        state.estimator.save(model_dir)
+        state.tokenizer.save_pretrained(model_dir)
+        return {REPLAY_FILE: state.replay}
+
+    def prepare(self, state: SpaState, steps, rollout_policy, initial_policy, iteration, params) -> SpaBatch:
+        cfg = params.credit.spa
+        current = steps.select("iteration", "episode_id", "step", "prompt_ids", "response_ids",
+                               pl.col("success").cast(pl.Float64).alias("outcome"))
+        keep = pl.col("iteration") > iteration - cfg.replay_iterations
+        replay = pl.concat([state.replay.filter(keep), current.filter(keep)]).sort("episode_id", "step")
+        te, _ = _episode_index(steps["episode_id"])
+        outcome = steps.group_by("episode_id", maintain_order=True).agg(
+            pl.col("success").first())["success"].cast(pl.Float64).to_numpy()
+        return SpaBatch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), te, outcome, replay,
+                        seed=stage_seed("fit", params.seed, iteration))
+
+    def fit(self, state: SpaState, b: SpaBatch, iteration, params, log: Log = None) -> dict[str, float]:
+        state.replay = b.replay
+        te, eps = _episode_index(b.replay["episode_id"])
+        outcome = b.replay.group_by("episode_id", maintain_order=True).agg(
+            pl.col("outcome").first())["outcome"].to_numpy()
+        if log is not None:
+            log(f"training the progress estimator on {len(eps)} episodes ({b.replay.height} turns) of iterations "
+                f"{b.replay['iteration'].min()}..{b.replay['iteration'].max()}")
+        return train_progress(state.estimator, state.optimizer, b.replay["prompt_ids"].to_list(),
+                              b.replay["response_ids"].to_list(), te, outcome, params.credit.spa,
+                              _pad_id(state.tokenizer), seed=b.seed, progress=log)
+
+    def score(self, state: SpaState, b: SpaBatch, params) -> np.ndarray:
+        c = state.estimator.contributions(b.prompts, b.responses, _pad_id(state.tokenizer),
+                                          params.credit.spa.batch_size)
+        return c.double().cpu().numpy()
+
+    def diagnostics(self, state: SpaState, b: SpaBatch, scores, params) -> dict[str, float]:
+        import torch
+
+        if not len(scores):
+            return {}
+        loss = spa_loss(torch.tensor(scores), torch.tensor(b.turn_episode), torch.tensor(b.outcome))
+        return {"estimator_loss_current": float(loss)}
+
+
+METHOD = register(Method("spa", "A^E + ω · norm(G^SPA_t; all turns of g), r^SPA = progress_w c_t + "
+                         "grounding_w [valid]", SpaConfig, terms, columns=("score",),
+                         step_weight="step_advantage_w", reward_model=ProgressModel(), order=5))

@@ -1,0 +1,49 @@
+"""The run's file layout: where every stage's outputs live, as templates over the iteration.
+
+`{it}` is the iteration, `{prev}` the iteration before it, `{shard}` a shard's index. A path ending in `/` is a
+folder (a checkpoint). Every template starts with `results/`, the run's folder, which `at` replaces by `run.dir`.
+The tables' schemas are `pipeline.data.tables`; a stage reads `paths.STEPS` with the schema `tables.STEPS`.
+"""
+
+from __future__ import annotations
+
+ITER_DIR = "results/iter_{it}"
+CHECKPOINT = ITER_DIR + "/checkpoint/"
+PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
+STEPS = ITER_DIR + "/steps.parquet"
+GROUPS = ITER_DIR + "/groups.parquet"
+PREV_ITER_DIR = "results/iter_{prev}"
+INITIAL_CHECKPOINT = "results/iter_0/checkpoint/"
+REWARD_MODEL = ITER_DIR + "/reward_model/"          # a method's learned step-reward model (OPRL's PRM, SPA's estimator)
+PREV_REWARD_MODEL = PREV_ITER_DIR + "/reward_model/"
+STEP_REWARDS = ITER_DIR + "/step_rewards.parquet"
+ADVANTAGES = ITER_DIR + "/advantages.parquet"
+EVAL = ITER_DIR + "/eval.parquet"
+EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
+REPORT_DIR = "results/report"
+REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
+REPORT_METRICS = REPORT_DIR + "/metrics.json"   # the run's final success and credit quality (DVC metrics)
+
+
+def shard_table(stage: str) -> str:
+    """The step table of one shard of a sharded stage (`{shard}`: 0..N-1)."""
+    return ITER_DIR + f"/shards/{stage}_{{shard}}.parquet"
+
+
+RESULTS = "results"   # the templates' run folder, replaced by `run.dir`
+
+
+def at(params, path: str) -> str:
+    """`path` (a template or a path under `results/`) under the run's folder `params.run.dir`."""
+    if path == RESULTS or path.startswith(RESULTS + "/"):
+        return params.run.dir.rstrip("/") + path[len(RESULTS):]
+    return path
+
+
+def fill(template: str, it: int, shard: int | None = None) -> str:
+    out = template.replace("{it}", str(it)).replace("{prev}", str(it - 1))
+    return out if shard is None else out.replace("{shard}", str(shard))
+
+
+def strip_dir(path: str) -> str:
+    return path.rstrip("/")

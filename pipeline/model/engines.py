@@ -1,0 +1,136 @@
+"""Rollout engines (`rollout.engine`): what samples the policy's responses in the rollout and evaluate stages.
+
+- `hf`: Hugging Face `generate` on the loaded model (`pipeline.model.policy.generate`).
+- `vllm`: vLLM's offline `LLM` on the checkpoint folder (a LoRA checkpoint is merged into a copy of its base
+  first, or with `rollout.vllm.lora: adapter` passed to vLLM's LoRA support with every request). One request per
+  live episode per turn; vLLM returns the sampled tokens' log-probs of the processed (temperature-scaled)
+  distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; each request the episode's
+  seed for that turn only on a GPU, since on the CPU a per-request generator kills the engine (so vLLM's samples
+  on a CPU depend on what else is in the batch, and a sharded vLLM rollout differs from an unsharded one).
+
+Both return `pipeline.model.policy.Generation`s, so the step table is the same whichever engine sampled it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.model.policy import Generation, adapter_base, generate, is_adapter, load_policy, mix_seed, resolve_device
+
+# head sizes vLLM's CPU attention kernels accept (vLLM 0.32: csrc/cpu/attention)
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
+
+
+class HFSampler:
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        model.eval()
+
+    def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
+                 seed: int | list[int]) -> list[Generation]:
+        return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed)
+
+    def reset_cache(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _head_dim(config: dict) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+class VLLMSampler:
+    name = "vllm"
+
+    def __init__(self, checkpoint: Path, tokenizer, params, engine_seed: int):
+        import json
+
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError("rollout.engine is vllm, but vLLM is not installed: run scripts/install-vllm "
+                              f"(README, Rollout engines) ({e})") from None
+        self.tokenizer = tokenizer
+        self._tmp = None
+        folder = Path(checkpoint)
+        device = resolve_device(params.runtime.device)
+        config = adapter_base(folder) / "config.json" if is_adapter(folder) else folder / "config.json"
+        head_dim = _head_dim(json.loads(config.read_text()))
+        if device.type == "cpu" and head_dim not in VLLM_CPU_HEAD_DIMS:
+            raise ValueError(f"{checkpoint}: head_dim {head_dim} is not one vLLM's CPU attention supports "
+                             f"{VLLM_CPU_HEAD_DIMS}; for the tiny policy set policy.tiny.hidden_size / "
+                             "num_attention_heads to one of them, or use rollout.engine: hf")
+        cfg = params.rollout.vllm
+        self.lora_request, lora_args = None, {}
+        if is_adapter(folder) and cfg.lora == "adapter":   # the base, and the adapter with every request
+            from typing import get_args
+
+            from vllm.config.lora import MaxLoRARanks
+            from vllm.lora.request import LoRARequest
+
+            rank = int(json.loads((folder / "adapter_config.json").read_text())["r"])
+            slots = [k for k in get_args(MaxLoRARanks) if k >= rank]   # vLLM sizes its LoRA slots in steps
+            if not slots:
+                raise ValueError(f"{folder}: LoRA rank {rank} is above vLLM's largest, {max(get_args(MaxLoRARanks))};"
+                                 " set rollout.vllm.lora: merged")
+            self.lora_request = LoRARequest("policy", 1, str(folder.resolve()))
+            lora_args = dict(enable_lora=True, max_lora_rank=min(slots), max_loras=1)
+            folder = adapter_base(folder)
+        elif is_adapter(folder):   # a merged copy: base + adapter as one plain model folder
+            self._tmp = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
+            model, tok = load_policy(folder, params.policy.dtype)
+            model.save_pretrained(self._tmp)
+            tok.save_pretrained(self._tmp)
+            folder = self._tmp
+        self.per_request_seed = device.type == "cuda"
+        share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
+        self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
+                       enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
+                       max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
+                       generation_config="vllm", **lora_args)
+
+    def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
+                 seed: int | list[int]) -> list[Generation]:
+        from vllm import SamplingParams
+
+        if isinstance(seed, int):   # one seed for the call: one per prompt derived from it, as `generate` does
+            seed = [mix_seed(seed, i) for i in range(len(prompt_ids))]
+        eos = self.tokenizer.eos_token_id
+        params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                 stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
+                                 repetition_penalty=1.0, seed=s if self.per_request_seed else None)
+                  for s in seed]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
+        results = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
+            results.append(Generation(ids, logps, self.tokenizer.decode(ids, skip_special_tokens=True)))
+        return results
+
+    def reset_cache(self) -> None:
+        """Forget cached prompt prefixes (a benchmark replaying the same prompts must not hit them)."""
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def open_sampler(params, checkpoint: str | Path, engine_seed: int):
+    """(sampler, tokenizer) for the checkpoint folder, by `rollout.engine`."""
+    if params.rollout.engine == "vllm":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+        return VLLMSampler(Path(checkpoint), tokenizer, params, engine_seed), tokenizer
+    model, tokenizer = load_policy(checkpoint, params.policy.dtype, params.runtime.device)
+    return HFSampler(model, tokenizer), tokenizer

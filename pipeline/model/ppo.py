@@ -1,0 +1,189 @@
+"""PPO-clip on response tokens (credit-assignment.md, "Policy update (all methods)").
+
+`log π_old` is recomputed here from the rollout checkpoint, at the sampling temperature (the distribution the
+sampler drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
+token-mean over the minibatch, plus `kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
+from pipeline.model.policy import pad_batch, token_logprobs
+from pipeline.model.precision import NonFiniteError, Stepper
+
+__all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequence_logprobs", "shared_logprobs"]
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_ratio: float,
+                dual_clip: float, tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L]). `tokens`: the
+    number of response tokens to average over (a micro-batch's share of its minibatch's mean; default this batch's
+    own count)."""
+    mask = mask.float()
+    ratio = torch.exp(logp - old_logp)
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, 1 - clip_ratio, 1 + clip_ratio)
+    clipped = torch.maximum(loss1, loss2)
+    dual = torch.minimum(-adv * dual_clip, clipped)
+    per_token = torch.where(adv < 0, dual, clipped)
+    n = mask.sum().clamp(min=1.0) if tokens is None else tokens
+    loss = (per_token * mask).sum() / n
+    with torch.no_grad():
+        clipfrac = (((loss2 > loss1).float()) * mask).sum() / n
+        approx_kl = ((old_logp - logp) * mask).sum() / n
+    return loss, {"clipfrac": float(clipfrac), "approx_kl": float(approx_kl)}
+
+
+def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(π‖π_ref) per token, clamped as verl does."""
+    kl = ref_logp - logp
+    return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                      batch_size: int, temperature: float = 1.0) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn)."""
+    model.eval()
+    out = []
+    for b in range(0, len(prompts), batch_size):
+        ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
+        logp, _ = token_logprobs(model, ids, resp, temperature=temperature)
+        logp = logp.cpu()
+        for i in range(logp.shape[0]):
+            out.append(logp[i][resp[i]])
+    return out
+
+
+def shared_logprobs(model, prompts, responses, pad_id: int, batch_size: int, temperature: float,
+                    procs: Processes) -> list[torch.Tensor]:
+    """`sequence_logprobs` of every turn, each process computing its share and gathering the others'."""
+    mine = sequence_logprobs(model, share(prompts, procs.rank, procs.world), share(responses, procs.rank, procs.world),
+                             pad_id, batch_size, temperature)
+    return gather_shares(mine, procs.world)
+
+
+STATS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl")
+
+
+def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
+               ref_logps=None, progress: Callable[[str], None] | None = None,
+               temperature: float = 1.0, rank: int = 0, world: int = 1,
+               trace: list[float] | None = None, sharded: bool = False) -> dict[str, float]:
+    """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
+    log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
+
+    With `world` > 1 processes (torch.distributed initialised), every process draws the same minibatches, runs
+    its own share of each (`share`), and the gradients and statistics are summed across processes before the
+    same clipped optimiser step on each: the update is that of one process, up to float summation order.
+    With `sharded` (an FSDP model, `pipeline.model.fsdp`) the backward passes reduce the gradients themselves, so
+    every process runs as many micro-batches as the busiest one (a process short of turns runs one more with its
+    loss times 0: FSDP's collectives must pair up). `trace` receives each optimiser step's loss."""
+    n = len(prompts)
+    gen = torch.Generator().manual_seed(seed)
+    stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
+    steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
+    started = time.perf_counter()
+    step = 0
+    stepper = Stepper(model, optimizer, cfg.grad_clip)
+    turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id)
+    model.train()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(n, generator=gen).tolist()
+        for b in range(0, n, cfg.minibatch_size):
+            idx = order[b: b + cfg.minibatch_size]
+            where = f"epoch {epoch}, minibatch {b // cfg.minibatch_size}"
+            optimizer.zero_grad(set_to_none=True)
+            sums = _minibatch_backward(model, stepper, turns, idx, cfg, temperature, rank, world, sharded, where)
+            if world > 1:
+                if not sharded:
+                    all_reduce_grads(stepper.params)
+                sums = all_reduce_sums(sums, stepper.params[0].device)
+            sums["grad_norm"] = stepper.step(where)
+            if trace is not None:
+                trace.append(sums["loss"])
+            step += 1
+            for k, v in sums.items():
+                if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
+                    stats[k].append(v)
+            if progress is not None and (step % 10 == 0 or step == steps_total):
+                rate = step / (time.perf_counter() - started)
+                progress(f"update step {step}/{steps_total}: loss {sums['loss']:.4f}, "
+                         f"clipfrac {sums['clipfrac']:.3f}, {rate:.2f} steps/s")
+    model.eval()
+    out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
+    out["skipped_steps"] = float(stepper.skipped)
+    return out
+
+
+@dataclass(frozen=True)
+class _Turns:
+    prompts: list
+    responses: list
+    advantages: list
+    old_logps: list
+    ref_logps: list | None
+    pad_id: int
+
+
+def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temperature: float, rank: int,
+                        world: int, sharded: bool, where: str) -> dict[str, float]:
+    """Backward passes of this process's share of minibatch `idx`, in micro-batches; the sums of its statistics.
+    The loss is a token mean over the whole minibatch: each micro-batch's sums are divided by its tokens."""
+    tokens = float(max(sum(len(turns.responses[i]) for i in idx), 1))
+    sums = dict.fromkeys(STATS, 0.0)
+    micro = cfg.micro_batch_size or cfg.minibatch_size
+    mine = share(idx, rank, world)
+    rounds = math.ceil(len(mine) / micro)
+    if sharded:
+        rounds = max(math.ceil(len(share(idx, r, world)) / micro) for r in range(world))
+    for m in range(0, rounds * micro, micro):
+        part = mine[m: m + micro]
+        idle = not part          # a sharded process with no turns left: a pass that adds nothing
+        if idle:
+            part = idx[:1]
+        loss, parts = _micro_batch_loss(model, turns, part, cfg, temperature, tokens, where)
+        if idle:
+            stepper.backward(loss * 0.0)
+            continue
+        stepper.backward(loss * world if sharded else loss)   # FSDP averages what it reduces
+        for k, v in parts.items():
+            sums[k] += v
+    return sums
+
+
+def _micro_batch_loss(model, turns: _Turns, part: list[int], cfg, temperature: float, tokens: float,
+                      where: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of the turns `part` (its sums over `tokens`, the minibatch's) and its statistics."""
+    ids, _, resp = pad_batch([turns.prompts[i] for i in part], [turns.responses[i] for i in part], turns.pad_id)
+    logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0, temperature=temperature)
+    resp = resp.to(logp.device)
+    old = torch.zeros_like(logp)
+    old[resp] = torch.cat([turns.old_logps[i] for i in part]).to(logp.device)
+    adv = torch.tensor([turns.advantages[i] for i in part], dtype=logp.dtype, device=logp.device).unsqueeze(1)
+    pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip, tokens)
+    loss = pg_loss
+    mask = resp.float()
+    out = {}
+    if turns.ref_logps is not None and cfg.kl_coef > 0:
+        ref = torch.zeros_like(logp)
+        ref[resp] = torch.cat([turns.ref_logps[i] for i in part]).to(logp.device)
+        kl = (low_var_kl(logp, ref) * mask).sum() / tokens
+        loss = loss + cfg.kl_coef * kl
+        out["kl"] = kl.item()
+    if entropy is not None:
+        ent = (entropy * mask).sum() / tokens
+        loss = loss - cfg.entropy_coef * ent
+        out["entropy"] = ent.item()
+    if not torch.isfinite(loss):
+        raise NonFiniteError(f"PPO loss is {float(loss)} at {where}")
+    out |= {"loss": loss.item(), "pg_loss": pg_loss.item(), "clipfrac": info["clipfrac"],
+            "approx_kl": info["approx_kl"]}
+    return loss, out

@@ -1,0 +1,99 @@
+"""Runs side by side: a run reuses the outputs of a base run (`run.base`) by linking them, not copying them.
+
+The base run is named by its params file; its `run.dir` is taken relative to that file's folder (for a run of the
+same checkout, the working directory). The base run's jobs of iterations 0..`run.base.through` whose stage params
+this run shares are reused: each of
+their outputs is linked into this run's folder (a file as a symlink, a folder as a real folder of symlinked files),
+together with the optimiser state the next job resumes from. A job is reused only when every job it depends on is,
+so a change anywhere upstream (another seed, another rollout setting) reuses nothing after it. Snakemake then sees
+the outputs in place and plans only the jobs after them.
+
+Links never let this run write into the base: every output is written to a temporary name and renamed over the
+link (`pipeline.data.tables`), and deleting a linked folder deletes links only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.config.params import Params, load_params
+from pipeline.workflow.registry import (
+    ITER_DIR,
+    at,
+    enabled_stages,
+    fill,
+    params_fingerprint,
+    stage_iterations,
+    strip_dir,
+)
+
+OPTIMIZER_DIR = ITER_DIR + "/optimizer"
+
+
+def _jobs(params: Params, through: int):
+    """(stage, iteration) of the jobs up to iteration `through`, in the order the workflow makes them."""
+    for it in range(through + 1):
+        for stage in enabled_stages(params):
+            if stage.name == "report":
+                continue
+            if not stage.per_iteration:
+                if it == 0:
+                    yield stage, None
+            elif it in stage_iterations(stage, params):
+                yield stage, it
+
+
+def _paths(stage, params: Params, it: int | None, templates: list[str]) -> list[str]:
+    return [strip_dir(fill(t, it) if it is not None else t) for t in templates]
+
+
+def _link(src: Path, dst: Path) -> int:
+    """Link `src` (a file, or a folder's files) at `dst`; returns the files linked. Existing files are kept."""
+    if src.is_dir():
+        return sum(_link(child, dst / child.name) for child in sorted(src.iterdir()))
+    if dst.exists() or dst.is_symlink():
+        return 0
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(src.resolve(), dst)
+    return 1
+
+
+def share_base(params: Params, log=print) -> list[str]:
+    """Link the reusable outputs of `run.base` into `run.dir`; returns the jobs reused ("rollout@1", ...)."""
+    if params.run.base is None:
+        return []
+    base = load_params(params.run.base.params)
+    root = Path(params.run.base.params).parent      # the base's run.dir is relative to its params file's folder
+    if (root / base.run.dir).resolve() == Path(params.run.dir).resolve():
+        raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
+                         "give this run another run.dir")
+    base_outs = {(s.name, it) for s, it in _jobs(base, params.run.base.through)}
+    names, missing, files = [], [], 0
+    made: set[str] = set()      # this run's paths the reused jobs provide
+    for stage, it in _jobs(params, params.run.base.through):
+        deps = _paths(stage, params, it, stage.deps_templates(params))
+        own_outs = _paths(stage, params, it, stage.outs_for(params))
+        name = f"{stage.name}@{it}" if it is not None else stage.name
+        if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
+                or any(d not in made for d in deps)):
+            continue
+        base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]
+        if not all(p.exists() for p in base_paths):
+            missing.append(name)
+            continue
+        for src, dst in zip(base_paths, own_outs, strict=True):
+            files += _link(src, Path(dst))
+        if stage.name in ("update", "fit") and it is not None:      # the state the next job resumes from
+            state = root / fill(at(base, OPTIMIZER_DIR), it)
+            if state.is_dir():
+                files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
+        made.update(own_outs)
+        names.append(name)
+    if names:
+        log(f"run.base: reusing {len(names)} jobs of {base.run.dir} ({', '.join(names)}), {files} files linked "
+            f"into {params.run.dir}")
+    if missing:
+        log(f"run.base: {base.run.dir} lacks the outputs of {', '.join(missing)}; they and what follows run here")
+    return names
+
