@@ -1,7 +1,7 @@
-"""Benchmarks (issue 5): each writes CSV and PNG under `results/bench/` and logs one MLflow run.
+"""Benchmarks: each writes CSV and PNG under `results/bench/` and logs one MLflow run.
 
 Run with `python -m bench.<name>`; see each module's docstring. They are not timed tests; CI runs a tiny smoke
-version of each (tests/test_bench.py).
+version of each (tests/e2e/test_bench.py).
 """
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ import time
 import warnings
 from pathlib import Path
 
+from pipeline.workflow import tracking
+
 EXPERIMENT = "creditrl-bench"
 
 
 def open_experiment(root: Path | None = None):
     """(client, experiment id) of the benchmarks' experiment in the repository's MLflow store (`mlflow.db` at the
     repository root, or `CREDITRL_TRACKING_URI`); raises where MLflow is unavailable."""
-    from mlflow import MlflowClient
-
-    root = (root or Path(os.environ.get("CREDITRL_ROOT", Path.cwd()))).resolve()
-    client = MlflowClient(tracking_uri=os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}"))
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    return client, exp.experiment_id if exp else client.create_experiment(
-        EXPERIMENT, artifact_location=(root / "mlartifacts").as_uri())
+    root = (root or tracking.repo_root()).resolve()
+    uri = os.environ.get("CREDITRL_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+    return tracking.open_experiment(uri, EXPERIMENT, root)
 
 
 def log_run(name: str, params: dict, metrics: dict[str, float], artifacts: list[Path],

@@ -1,4 +1,4 @@
-"""Benchmark: where an iteration's time goes (issue 5, point 4), from a finished run's own records.
+"""Benchmark: where an iteration's time goes, from a finished run's own records.
 
     python -m bench.breakdown                     # the run in results/ (e.g. after `snakemake --cores all`)
     python -m bench.breakdown --run /path/to/results --out results/bench

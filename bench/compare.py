@@ -12,7 +12,7 @@ page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
 
 - the held-out success curves, mean ± std over seeds, and each method minus GRPO on the same seed;
 - per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
-  term for separating good from bad turns, credit-assignment.md, Oracle credit) and the share of turns with a step
+  term for separating good from bad turns, docs/credit-assignment.md, Oracle credit) and the share of turns with a step
   signal, where the environment has an oracle;
 - the step-group size distribution (share of turns by the size of their anchor group);
 - histograms of the episode term and the step term of the advantages;

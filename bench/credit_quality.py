@@ -8,7 +8,7 @@ models (OPRL's PRM, SPA's estimator) are replayed over the run's iterations in o
 exactly as the fit stage would have trained them (`pipeline.credit.reward_model.fit_iteration`); `--set
 credit.oprl.lr=2e-4` and the like try other settings on the same rollouts.
 
-Each turn is labelled by the oracle of credit-assignment.md (Oracle credit): good when d(s_{t+1}) < d(s_t), bad
+Each turn is labelled by the oracle of docs/credit-assignment.md (Oracle credit): good when d(s_{t+1}) < d(s_t), bad
 when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact distance to success that the environment provides
 (`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn advantage for separating good from bad turns, plus the
 share of turns each method gives a non-zero step-level signal, over all iterations and per iteration. Writes

@@ -1,4 +1,4 @@
-"""Benchmark: which credit method learns faster, on the same budget and the same rollouts (issue 5, point 1).
+"""Benchmark: which credit method learns faster, on the same budget and the same rollouts.
 
     python -m bench.learning                                   # 6 methods x 3 seeds on params.yaml (hours on CPU)
     python -m bench.learning --methods grpo gigpo --seeds 0 1 2 --params params.yaml --jobs 2
@@ -35,7 +35,12 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.config.params import METHOD_NAMES, apply_overrides, load_params, with_overrides
+from pipeline.config.params import (
+    METHOD_NAMES,
+    apply_overrides,
+    load_params,
+    with_overrides,
+)
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 

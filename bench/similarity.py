@@ -3,7 +3,7 @@
     python -m bench.similarity --run RUN/results --threshold 0.95
 
 For every iteration's step table of the run, the group stage's exact anchor groups and GiGPO's similarity groups
-(credit-assignment.md, GiGPO: greedy clustering, difflib ratio ≥ threshold to a cluster's first member) are
+(docs/credit-assignment.md, GiGPO: greedy clustering, difflib ratio ≥ threshold to a cluster's first member) are
 compared: the share of singleton groups, of sizes 2-5, 6-9 and ≥ 10, and the share of turns in a non-singleton
 group. It times the similarity grouping per 10^4 turns, and the plain per-pair loop (`pipeline.credit.naive`) on the
 same turns, which must give the same groups. Writes similarity.csv.
@@ -17,7 +17,11 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.credit.grouping import build_groups, group_size_distribution, similarity_groups
+from pipeline.credit.grouping import (
+    build_groups,
+    group_size_distribution,
+    similarity_groups,
+)
 from pipeline.credit.naive import similarity_groups_reference
 from pipeline.data.tables import STEPS, read_table, write_text_atomic
 

@@ -1,4 +1,4 @@
-"""Benchmark: throughput of grouping and of every advantage estimator on synthetic step tables (issue 5, point 3).
+"""Benchmark: throughput of grouping and of every advantage estimator on synthetic step tables.
 
     python -m bench.throughput                       # 10^4, 10^5, 10^6 turns; writes results/bench/throughput.{csv,png}
     python -m bench.throughput --sizes 10000 --repeats 1 --out /tmp/smoke   # the CI smoke version

@@ -1,10 +1,10 @@
-"""Stage `advantages`: per-turn advantages with `credit.method` (credit-assignment.md)."""
+"""Stage `advantages`: per-turn advantages with `credit.method` (docs/credit-assignment.md)."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from pipeline.credit.methods import check_history_depth, compute_advantages
+from pipeline.credit.methods import compute_advantages, own_history
 from pipeline.data import paths, tables
 from pipeline.workflow.cli import parse_args, stage_errors
 from pipeline.workflow.tracking import Tracker
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
         groups = tables.read_table(ctx.path(paths.GROUPS), tables.GROUPS)
         tables.check_same_turns(steps, ctx.path(paths.STEPS), groups, ctx.path(paths.GROUPS), "group")
         table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
-        check_history_depth(table, p.credit, p.prompt.history_turns, str(ctx.path(paths.GROUPS)))
+        table = own_history(table, p.credit, p.prompt.history_turns, str(ctx.path(paths.GROUPS)))
         if p.credit.needs_fit:
             rewards = tables.read_table(ctx.path(paths.STEP_REWARDS), tables.STEP_REWARDS)
             tables.check_same_turns(steps, ctx.path(paths.STEPS), rewards, ctx.path(paths.STEP_REWARDS), "fit")

@@ -1,6 +1,6 @@
 """Stage `fit`: the learned step-reward model of iteration i and its per-turn scores (methods that have one).
 
-The method's `StepRewardModel` (credit-assignment.md: OPRL's implicit PRM, SPA's progress estimator) is loaded as
+The method's `StepRewardModel` (docs/credit-assignment.md: OPRL's implicit PRM, SPA's progress estimator) is loaded as
 it was after iteration i-1, prepares iteration i's turns, fits on them and scores them, in the order the method
 says (OPRL scores with the PRM as it was before its update unless `score_with: after`), and is saved as the model
 of i. Writes `step_rewards.parquet` (`tables.STEP_REWARDS`); the advantages stage turns the scores into advantages.
@@ -13,7 +13,12 @@ import math
 import polars as pl
 
 from pipeline.credit.methods import get
-from pipeline.credit.reward_model import OPTIMIZER, fit_iteration, load_state, save_state
+from pipeline.credit.reward_model import (
+    OPTIMIZER,
+    fit_iteration,
+    load_state,
+    save_state,
+)
 from pipeline.data import paths, tables
 from pipeline.model import adamw
 from pipeline.workflow.cli import parse_args, stage_errors

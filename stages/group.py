@@ -1,6 +1,6 @@
 """Stage `group`: task groups, anchor-state step groups and HGPO's history keys for iteration i's step table.
 
-Logs the step-group size distribution (credit-assignment.md, GiGPO: singletons, 2-5, 6-9, >= 10) and the share of
+Logs the step-group size distribution (docs/credit-assignment.md, GiGPO: singletons, 2-5, 6-9, >= 10) and the share of
 turns in non-singleton groups.
 """
 

@@ -11,9 +11,18 @@ from __future__ import annotations
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import atomic_dir
 from pipeline.envs.base import spec_of
-from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
+from pipeline.model.policy import (
+    build_tiny_model,
+    load_policy,
+    resolve_device,
+    train_tokenizer,
+)
 from pipeline.model.precision import mark
-from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
+from pipeline.rollout.warmstart import (
+    demonstrations,
+    supervised_warmstart,
+    tokenizer_corpus,
+)
 from pipeline.workflow.cli import parse_args, stage_errors
 from pipeline.workflow.registry import STAGE_BY_NAME, strip_dir
 from pipeline.workflow.tracking import Tracker

@@ -1,6 +1,6 @@
 """Stage `reward_init`: the learned step-reward model before any RL (only for methods that have one).
 
-The method's `StepRewardModel.init` builds it from the initial policy (credit-assignment.md): OPRL's implicit PRM
+The method's `StepRewardModel.init` builds it from the initial policy (docs/credit-assignment.md): OPRL's implicit PRM
 is an exact copy of it, SPA's progress estimator is its base model with a zero scalar head and an empty replay.
 """
 

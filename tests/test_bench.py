@@ -1,8 +1,8 @@
-"""Smoke versions of the benchmarks (issue 5): they run, agree with the per-row reference and write their files.
+"""Smoke versions of the benchmarks: they run, agree with the per-row reference and write their files.
 
 The real runs (`python -m bench.throughput`, `python -m bench.credit_quality`) are on demand; their numbers are in
 the README. Also the oracle labels and ROC-AUC the credit-quality benchmark scores with
-(credit-assignment.md, Oracle credit), on hand-made cases.
+(docs/credit-assignment.md, Oracle credit), on hand-made cases.
 """
 
 import math

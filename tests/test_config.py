@@ -1,4 +1,4 @@
-"""params.yaml validation: one message naming the key and what was expected (issue 2, point 2)."""
+"""params.yaml validation: one message naming the key and what was expected."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""GRPO advantages on a hand-computed table (credit-assignment.md, "GRPO (episode level only)"; Episode level,
+"""GRPO advantages on a hand-computed table (docs/credit-assignment.md, "GRPO (episode level only)"; Episode level,
 shared; Invalid actions)."""
 
 import math

@@ -1,4 +1,4 @@
-"""Every advantage method on one hand-computed table (credit-assignment.md: RLOO, GiGPO, HGPO, OPRL, SPA;
+"""Every advantage method on one hand-computed table (docs/credit-assignment.md: RLOO, GiGPO, HGPO, OPRL, SPA;
 Invalid actions; Episode level, shared), plus the group stage's keys on it.
 
 The table (γ = 0.5 wherever a method discounts, invalid penalty 0.1, subtracted from the invalid turn's final
@@ -127,7 +127,7 @@ def test_gigpo_mean_std_norm_and_weight():
 
 
 def test_penalty_is_applied_once_after_normalisation_and_acts_linearly():
-    """credit-assignment.md, Invalid actions: every method's advantage moves by exactly -p on the invalid turn and
+    """docs/credit-assignment.md, Invalid actions: every method's advantage moves by exactly -p on the invalid turn and
     not at all elsewhere, whatever the normalisation mode (its size would not matter inside a std norm)."""
     for method in METHOD_NAMES:
         section = {"mode": "mean_std_norm"} if method == "gigpo" else {}

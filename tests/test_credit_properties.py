@@ -1,4 +1,4 @@
-"""Properties of the estimators on random step tables (credit-assignment.md, GiGPO and Terms), with Hypothesis."""
+"""Properties of the estimators on random step tables (docs/credit-assignment.md, GiGPO and Terms), with Hypothesis."""
 
 from pathlib import Path
 
@@ -100,7 +100,7 @@ SHIPPED = load_params(ROOT / "params.yaml").credit
 @settings(max_examples=40, deadline=None)
 @given(tables)
 def test_shipped_params_give_every_method_grpos_episode_term(groups):
-    """credit-assignment.md, Episode level, shared: under params.yaml every method with an episode term has GRPO's,
+    """docs/credit-assignment.md, Episode level, shared: under params.yaml every method with an episode term has GRPO's,
     so methods differ only in their step-level credit; with the step weight at 0 they are GRPO exactly. RLOO is
     the one method whose episode term is its own (its definition is its baseline)."""
     df = build(groups)

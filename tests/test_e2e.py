@@ -1,4 +1,4 @@
-"""End to end: the real Snakefile on a tiny configuration, 2 iterations (issue 2, points 6-9 and 11)."""
+"""End to end: the real Snakefile on a tiny configuration, 2 iterations."""
 
 import json
 import subprocess

@@ -1,4 +1,4 @@
-"""Every credit method end to end on the tiny configuration, 2 iterations (issue 3, points 4 and 6).
+"""Every credit method end to end on the tiny configuration, 2 iterations.
 
 Each method starts from a copy of the GRPO run (shared fixture) with only `credit.method` changed, so the test also
 shows what reruns: Snakemake's dry run must plan the method's stages and everything downstream of the advantages,

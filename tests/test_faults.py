@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 4, points 5-7): a misbehaving model, a misbehaving environment, non-finite numbers.
+"""Faults and bad input: a misbehaving model, a misbehaving environment, non-finite numbers.
 
 The model is scripted (`generate` replaced) so that every case is exact; the environment is real Sokoban,
 wrapped so that a test can make one episode's step raise.

@@ -1,4 +1,4 @@
-"""OPRL (credit-assignment.md, OPRL): its advantages on the hand-computed table, the implicit PRM on fixed synthetic
+"""OPRL (docs/credit-assignment.md, OPRL): its advantages on the hand-computed table, the implicit PRM on fixed synthetic
 batches, and the fit stage end to end."""
 
 import copy

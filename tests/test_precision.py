@@ -1,5 +1,5 @@
 """Mixed precision keeps fp32 master weights (pipeline.model.precision), and log-probs are taken at the sampling
-temperature (credit-assignment.md, Policy update)."""
+temperature (docs/credit-assignment.md, Policy update)."""
 
 import copy
 

@@ -1,4 +1,4 @@
-"""Prompt layout and action parsing (issue 2, point 4)."""
+"""Prompt layout and action parsing."""
 
 import pytest
 from hypothesis import given

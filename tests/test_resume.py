@@ -1,4 +1,4 @@
-"""Kill and resume, determinism, non-finite numbers (issue 4, points 1, 2 and 7), on the tiny configuration.
+"""Kill and resume, determinism, non-finite numbers, on the tiny configuration.
 
 - Determinism: the same stage run twice on the same inputs (and thread count) writes byte-identical tables and
   weights.

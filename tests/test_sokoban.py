@@ -1,4 +1,4 @@
-"""Sokoban rules, generation and the exact solver (issue 2, point 3; credit-assignment.md, Oracle credit)."""
+"""Sokoban rules, generation and the exact solver (docs/credit-assignment.md, Oracle credit)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SPA (credit-assignment.md, SPA): its advantages on the hand-computed table, the progress estimator on fixed
+"""SPA (docs/credit-assignment.md, SPA): its advantages on the hand-computed table, the progress estimator on fixed
 synthetic batches, and the fit stage's replay end to end."""
 
 import numpy as np

@@ -1,5 +1,5 @@
 """The stage tracker opens MLflow in a background thread: metrics logged while it opens still reach the child run
-and the parent, the timing split adds up, and a broken store degrades to a warning (issue 2, point 9)."""
+and the parent, the timing split adds up, and a broken store degrades to a warning."""
 
 import json
 

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method
 from pipeline.data.section import LoraSettings, Section
@@ -128,9 +135,9 @@ class _CreditBase(Section):
     method: Literal[METHOD_NAMES] = Field(METHOD_NAMES[0], description="advantage estimator, the first in listing "
                                           "order by default (docs/credit-assignment.md)")
     invalid_penalty: float = Field(0.1, ge=0.0, description="subtracted from an invalid turn's final advantage, "
-                                   "after every normalisation (credit-assignment.md, Invalid actions)")
+                                   "after every normalisation (docs/credit-assignment.md, Invalid actions)")
     episode: EpisodeConfig = Field(EpisodeConfig(), description="the episode-level term A^E every method with one "
-                                   "shares (credit-assignment.md, Episode level, shared)")
+                                   "shares (docs/credit-assignment.md, Episode level, shared)")
 
     @property
     def method_def(self) -> Method:
@@ -148,7 +155,7 @@ class _CreditBase(Section):
 
 # `credit.<method>` for every registered method: each method module declares its own section.
 CreditConfig = create_model(
-    "CreditConfig", __base__=_CreditBase, __doc__="credit-assignment.md: the method and every method's section",
+    "CreditConfig", __base__=_CreditBase, __doc__="docs/credit-assignment.md: the method and every method's section",
     **{name: (m.config, Field(m.config(), description=m.summary)) for name, m in METHODS.items()})
 
 
@@ -186,7 +193,7 @@ class TrackingConfig(Section):
 
 class ReportConfig(Section):
     credit_oracle: bool = Field(True, description="score the run's own advantages against the environment's oracle "
-                                "(ROC-AUC, credit-assignment.md: Oracle credit) in results/report/metrics.json; the "
+                                "(ROC-AUC, docs/credit-assignment.md: Oracle credit) in results/report/metrics.json; the "
                                 "report then replays every training episode (slow where the oracle plans, as "
                                 "ALFWorld's does); environments without an oracle skip it")
 

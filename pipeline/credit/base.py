@@ -1,5 +1,5 @@
 """What every credit method shares: the `Method` object the registry holds, the step table as numpy arrays, group
-statistics, the episode-level term all methods share, and the invalid-action penalty (credit-assignment.md).
+statistics, the episode-level term all methods share, and the invalid-action penalty (docs/credit-assignment.md).
 
 A method is one module in `pipeline/credit/methods/` that calls `register(Method(...))`. The `Method` holds its params
 section (a pydantic class, assembled into `credit.<name>` of the schema), the columns its advantage function reads
@@ -7,7 +7,7 @@ besides the step keys, that pure function, and for methods with a learned step r
 `StepRewardModel`. The schema's method list, the stage registry's fit stages, the fit stage's dispatch and the
 benchmarks all read this registry; nothing else names a method.
 
-Every advantage is composed the same way (credit-assignment.md, Episode level, shared; Invalid actions):
+Every advantage is composed the same way (docs/credit-assignment.md, Episode level, shared; Invalid actions):
 
     advantage = episode_advantage + step_advantage − penalty
 
@@ -26,18 +26,19 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
+from pipeline.credit.grouping import dense_rank
 from pipeline.data.section import EpisodeStats, Mode, Section
 
 if TYPE_CHECKING:
     from pipeline.credit.reward_model import StepRewardModel
 
-EPS = 1e-6  # credit-assignment.md, Terms: ε in every normalisation
+EPS = 1e-6  # docs/credit-assignment.md, Terms: ε in every normalisation
 KEYS = ("episode_id", "step", "task_group", "reward", "action_valid")  # what every method reads
 OUTPUT = ("episode_id", "step", "episode_advantage", "step_score", "step_advantage", "penalty", "advantage")
 
 
 class EpisodeConfig(Section):
-    """credit-assignment.md, Episode level, shared by every method: one configuration of `A^E` for all methods
+    """docs/credit-assignment.md, Episode level, shared by every method: one configuration of `A^E` for all methods
     that have an episode term, so that methods differ only in their step-level credit."""
     mode: Mode = Field("mean_std_norm", description="normalisation of the episode return within its task group")
     episode_stats: EpisodeStats = Field(
@@ -88,7 +89,7 @@ def registered() -> dict[str, Method]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Group statistics (credit-assignment.md, Terms)
+# Group statistics (docs/credit-assignment.md, Terms)
 
 def dense_keys(keys: np.ndarray) -> np.ndarray:
     """Small non-negative integer ids for `keys`: the keys themselves when already in [0, 2n), else dense ranks."""
@@ -96,11 +97,11 @@ def dense_keys(keys: np.ndarray) -> np.ndarray:
     n = len(keys)
     if n and keys.dtype.kind in "iu" and keys.min() >= 0 and keys.max() < 2 * n:
         return keys.astype(np.int64, copy=False)
-    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return dense_rank(keys)
 
 
 def group_norm(x: np.ndarray, keys: np.ndarray, mode: str, std: str = "unbiased") -> np.ndarray:
-    """`norm(x; G)` of credit-assignment.md, Terms, for every row at once; a group of size 1 gives 0.
+    """`norm(x; G)` of docs/credit-assignment.md, Terms, for every row at once; a group of size 1 gives 0.
 
     `keys` names each row's group. `mean_norm`: x − mean_G(x); `mean_std_norm`: (x − mean_G(x)) / (std_G(x) + ε),
     std unbiased (ddof 1) or population (ddof 0). Two passes of `np.bincount`: O(rows), no sorting.
@@ -122,7 +123,7 @@ def group_norm(x: np.ndarray, keys: np.ndarray, mode: str, std: str = "unbiased"
 
 
 def discounted_returns(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, gamma: float) -> np.ndarray:
-    """`G_t = r_t + γ G_{t+1}` within each episode (credit-assignment.md, GiGPO, step level), any row order.
+    """`G_t = r_t + γ G_{t+1}` within each episode (docs/credit-assignment.md, GiGPO, step level), any row order.
 
     Vectorised over episodes: one numpy pass per distance from the episode's end, so the work is O(turns) and
     the number of passes is the longest episode's length.
@@ -187,7 +188,7 @@ class StepTable:
 
 
 def episode_advantage(t: StepTable, episode: EpisodeConfig) -> np.ndarray:
-    """The shared `A^E = norm(R(τ); task group)` (credit-assignment.md, GRPO; Episode level, shared) per row.
+    """The shared `A^E = norm(R(τ); task group)` (docs/credit-assignment.md, GRPO; Episode level, shared) per row.
 
     Statistics over one value per episode (`per_episode`) or one per turn row (`per_turn`).
     """
@@ -200,7 +201,7 @@ def episode_advantage(t: StepTable, episode: EpisodeConfig) -> np.ndarray:
 
 
 def penalty(valid: np.ndarray, invalid_penalty: float) -> np.ndarray:
-    """`invalid_penalty` on rows whose action was invalid, else 0 (credit-assignment.md, Invalid actions)."""
+    """`invalid_penalty` on rows whose action was invalid, else 0 (docs/credit-assignment.md, Invalid actions)."""
     return np.where(valid, 0.0, invalid_penalty)
 
 

@@ -1,4 +1,4 @@
-"""Task groups and anchor-state step groups (credit-assignment.md, Terms; GiGPO, step level).
+"""Task groups and anchor-state step groups (docs/credit-assignment.md, Terms; GiGPO, step level).
 
 Anchors are keyed by xxh3-64 of their string; two different strings with the same hash are an error, never a
 merge. A step group is the set of turns of one task group taken in the same anchor state (repeat visits within an
@@ -6,6 +6,8 @@ episode join the same group).
 """
 
 from __future__ import annotations
+
+from difflib import SequenceMatcher
 
 import numpy as np
 import polars as pl
@@ -44,14 +46,15 @@ def anchor_hashes(anchors: pl.Series) -> pl.Series:
     return pl.Series("anchor_hash", hashes[codes] if len(codes) else np.zeros(0, np.uint64), dtype=pl.UInt64)
 
 
-def _dense(keys: np.ndarray) -> np.ndarray:
-    return np.unique(keys, return_inverse=True)[1].astype(np.int64)
+def dense_rank(keys: np.ndarray) -> np.ndarray:
+    """Each key's rank among the distinct keys (0, 1, ...): dense group ids."""
+    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
     """Keys of every turn: task group, anchor hash, step group id and size, and HGPO's history groups.
 
-    `step_group` is the dense id of (task_group, anchor) (credit-assignment.md, GiGPO, step level).
+    `step_group` is the dense id of (task_group, anchor) (docs/credit-assignment.md, GiGPO, step level).
     `history_groups[k-1]` is the dense id of (task_group, s_{t-k+1}, ..., s_t) for k = 1..depth (HGPO); turns
     with fewer than k anchors behind them pad the missing ones with a "before the start" marker, so that the
     first turns of a task group's episodes share their keys at every depth. Vectorised: anchors become integer
@@ -63,8 +66,8 @@ def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
     n = df.height
     codes, hashes = anchor_codes(df["anchor"])
     n_codes = len(hashes) + 1                       # the last code stands for "before the start"
-    task = _dense(df["task_group"].to_numpy())
-    key = _dense(task * n_codes + codes) if n else np.zeros(0, np.int64)
+    task = dense_rank(df["task_group"].to_numpy())
+    key = dense_rank(task * n_codes + codes) if n else np.zeros(0, np.int64)
     ep = df["episode_id"].to_numpy()
     first = np.r_[True, ep[1:] != ep[:-1]] if n else np.zeros(0, bool)
     keys = [key]
@@ -74,7 +77,7 @@ def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
         prev[1:] = lagged[:-1]
         prev[first] = n_codes - 1
         lagged = prev
-        keys.append(_dense(keys[-1] * n_codes + lagged))
+        keys.append(dense_rank(keys[-1] * n_codes + lagged))
     history = np.stack(keys, axis=1) if n else np.zeros((0, depth), np.int64)
     sizes = np.bincount(key)[key] if n else np.zeros(0, np.int64)
     return pl.DataFrame({
@@ -86,7 +89,7 @@ def build_groups(steps: pl.DataFrame, depth: int = 1) -> pl.DataFrame:
 
 
 def similarity_groups(steps: pl.DataFrame, threshold: float) -> pl.Series:
-    """Step groups by anchor similarity (credit-assignment.md, GiGPO: optional similarity grouping).
+    """Step groups by anchor similarity (docs/credit-assignment.md, GiGPO: optional similarity grouping).
 
     Within each task group, distinct anchors are visited in order of first appearance (rows sorted by
     episode and step) and each joins the first cluster whose first member it matches with a difflib ratio of at
@@ -96,7 +99,6 @@ def similarity_groups(steps: pl.DataFrame, threshold: float) -> pl.Series:
     once (difflib's matcher keeps its second sequence's index across heads), and the length bound
     2·min(|a|, |b|) / (|a| + |b|) ≥ ratio rejects most heads before any matching.
     """
-    from difflib import SequenceMatcher
 
     order = steps.with_row_index("_row").sort("episode_id", "step")
     cluster_of: dict[tuple[int, str], int] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from difflib import SequenceMatcher
 
 EPS = 1e-6
 
@@ -25,7 +26,7 @@ def _norm(values: list[float], mode: str, ddof: int = 1) -> list[float]:
 def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_mode: str = "mean_norm",
                     episode_stats: str = "per_turn", gamma: float = 0.95, weight: float = 1.0,
                     invalid_penalty: float = 0.1) -> dict:
-    """GiGPO (credit-assignment.md, GiGPO; Invalid actions) row by row. `rows`: dicts with episode_id, step,
+    """GiGPO (docs/credit-assignment.md, GiGPO; Invalid actions) row by row. `rows`: dicts with episode_id, step,
     task_group, anchor, reward, action_valid. Returns {(episode_id, step): advantage}."""
     episodes: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
@@ -80,10 +81,9 @@ def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_
 
 
 def similarity_groups_reference(rows: list[dict], threshold: float) -> dict[tuple, int]:
-    """Greedy similarity clustering of anchors (credit-assignment.md, GiGPO) the plain way: a new `SequenceMatcher`
+    """Greedy similarity clustering of anchors (docs/credit-assignment.md, GiGPO) the plain way: a new `SequenceMatcher`
     for every (anchor, cluster head) pair, every row looked at. `rows`: dicts with episode_id, step, task_group,
     anchor. Returns {(episode_id, step): cluster id}, ids numbered in order of first appearance."""
-    from difflib import SequenceMatcher
 
     heads: dict[int, list[tuple[str, int]]] = defaultdict(list)
     out, next_id = {}, 0

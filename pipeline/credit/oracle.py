@@ -1,4 +1,4 @@
-"""The oracle of credit-assignment.md (Oracle credit): each turn labelled good or bad by the environment's exact
+"""The oracle of docs/credit-assignment.md (Oracle credit): each turn labelled good or bad by the environment's exact
 distance to success, and how well a run's advantages separate the two (ROC-AUC). Used by the report stage (a
 run's own credit quality) and the credit-quality benchmarks."""
 
@@ -15,7 +15,7 @@ from pipeline.envs.base import make_env, require
 
 
 def oracle_labels(steps: pl.DataFrame, env_cfg) -> pl.Series:
-    """1 good, 0 bad, null neither (d unchanged, or both states dead), per row of `steps` (credit-assignment.md,
+    """1 good, 0 bad, null neither (d unchanged, or both states dead), per row of `steps` (docs/credit-assignment.md,
     Oracle credit), for any environment with an oracle distance.
 
     Each episode is replayed in the environment from its task seed with the responses it gave, and the oracle's
@@ -71,7 +71,7 @@ def score_advantages(adv: pl.DataFrame) -> dict[str, float]:
 def run_credit(results: Path, params) -> pl.DataFrame:
     """The oracle credit quality of the advantages a finished run trained on, per iteration: ROC-AUC of the
     advantage and of the step term, the share of turns with a step signal, and the step-group sizes (the share of
-    turns in a non-singleton anchor group, credit-assignment.md, GiGPO)."""
+    turns in a non-singleton anchor group, docs/credit-assignment.md, GiGPO)."""
     rows = []
     for it in sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/advantages.parquet")):
         d = results / f"iter_{it}"

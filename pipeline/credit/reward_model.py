@@ -1,10 +1,13 @@
-"""The interface of a learned step-reward model (credit-assignment.md, OPRL; SPA), and one fit iteration of it.
+"""The interface of a learned step-reward model (docs/credit-assignment.md, OPRL; SPA), and one fit iteration of it.
 
 The state after iteration i lives in `iter_i/reward_model/` (a model folder) plus the model's `extra_tables` beside
 it (SPA's replay); its optimiser (the state's `optimizer`) in `iter_i/optimizer/reward_model.pt`
 (`pipeline.model.adamw`). `reward_init` writes iteration 0's from the initial policy; each iteration the fit stage
 loads the state of i-1, prepares this iteration's turns, fits and scores them (in the order the method says), and
 saves the state of i. The credit-quality benchmark runs the same calls in memory.
+
+Loading params imports this module (the schema is assembled from the method registry), so torch, transformers
+and `pipeline.model` are imported inside the functions that train or score (start-up cost).
 """
 
 from __future__ import annotations
@@ -79,10 +82,18 @@ def fit_iteration(model: StepRewardModel, state, steps: pl.DataFrame, rollout_po
     return scores, stats
 
 
+def episode_index(episode_ids: pl.Series) -> tuple[np.ndarray, list]:
+    """(the index of each turn's episode, the episodes in order of first appearance): the map from turns to
+    episodes that a learned model's episode-level loss sums over."""
+    episodes = episode_ids.unique(maintain_order=True).to_list()
+    index = {e: i for i, e in enumerate(episodes)}
+    return np.array([index[e] for e in episode_ids.to_list()], dtype=np.int64), episodes
+
+
 def check_lora(model_dir: Path, lora, key: str) -> bool:
     """Whether the saved model at `model_dir` is a LoRA adapter; an error when that disagrees with the params'
     `key` (the model was made under other settings: rerun from reward_init)."""
-    from pipeline.model.policy import is_adapter
+    from pipeline.model.policy import is_adapter  # start-up cost: torch
 
     adapter = is_adapter(model_dir)
     if adapter != (lora is not None):
@@ -96,7 +107,7 @@ def check_lora(model_dir: Path, lora, key: str) -> bool:
 def save_state(model: StepRewardModel, state, model_dir: Path, iter_dir: Path) -> None:
     """Write `state` as `model_dir` (atomically, whole), its optimiser's state and its extra tables into
     `iter_dir`. The caller prunes older optimiser states (`adamw.prune`) once all its outputs are written."""
-    from pipeline.model import adamw
+    from pipeline.model import adamw  # start-up cost: torch
     adamw.save(state.optimizer, iter_dir, OPTIMIZER)
     with atomic_dir(model_dir) as tmp:
         tables = model.save(state, tmp)
@@ -108,7 +119,7 @@ def load_state(model: StepRewardModel, model_dir: Path, iter_dir: Path, params):
     """The state `save_state` wrote; a clear error when the folder or a table is missing."""
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: step-reward model missing; run the reward_init or fit stage")
-    from pipeline.model import adamw
+    from pipeline.model import adamw  # start-up cost: torch
 
     tables = {name: read_table(iter_dir / name, schema) for name, schema in model.extra_tables.items()}
     state = model.load(model_dir, tables, params)

@@ -13,10 +13,10 @@ from pipeline.data.tables import atomic_file
 def pyplot():
     """matplotlib's pyplot on the Agg backend (no display needed). Imported on demand: stages that draw nothing
     do not pay its start-up."""
-    import matplotlib
+    import matplotlib  # start-up cost: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # start-up cost: matplotlib
 
     return plt
 

@@ -24,7 +24,7 @@ class EnvSection(Section):
 
 
 class LoraSettings(Section):
-    """LoRA through peft: the update trains low-rank adapters on the frozen policy (credit-assignment.md's update
+    """LoRA through peft: the update trains low-rank adapters on the frozen policy (docs/credit-assignment.md's update
     is unchanged); checkpoints are the adapter plus a pointer to the initial policy it adapts."""
     r: int = Field(16, ge=1, le=1024, description="adapter rank")
     alpha: float = Field(32.0, gt=0, description="scaling numerator: the adapter's output is scaled by alpha / r")

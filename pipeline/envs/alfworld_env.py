@@ -120,8 +120,11 @@ class AlfWorldEnv:
         self.objective = ""
 
     def _start(self, path: str):
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        import textworld  # optional: textworld
+        from alfworld.agents.environment.alfred_tw_env import (
+            AlfredDemangler,
+            AlfredInfos,
+        )  # optional: alfworld
 
         if self.env is not None:
             self.env.close()

@@ -4,7 +4,7 @@ An environment is one module in `pipeline/envs/` that calls `register(EnvSpec(..
 section (`env.<field>`, chosen by `env.name`) and a factory. The environment itself:
 
 - `reset(task)` starts the task with that seed and returns an `Observation`: the text the policy sees, the anchor
-  (the environment's own key of the state, credit-assignment.md, Terms), and the commands admissible now;
+  (the environment's own key of the state, docs/credit-assignment.md, Terms), and the commands admissible now;
 - `task_description()` is the current task's text (the goal);
 - `step(response_text)` parses the policy's response, executes it and returns a `StepResult`. A response whose
   action is not one of the admissible commands (matched exactly, case preserved) is a no-op with

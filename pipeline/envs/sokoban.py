@@ -6,7 +6,7 @@ here, identically for the same seed, and are always solvable: the generator keep
 finds a solution of at least `min_solution_moves` moves.
 
 The solver gives `d(s)`, the optimal number of moves to solve from any state (infinite for a dead state). It makes
-the warm-start demonstrations and the oracle of credit-assignment.md ("Oracle credit (Sokoban)").
+the warm-start demonstrations and the oracle of docs/credit-assignment.md ("Oracle credit (Sokoban)").
 
 Text rendering (XSB symbols, with `_` for floor so that rows keep their width in any font; the outer wall ring,
 the same in every room, is left out of observations):

@@ -4,7 +4,7 @@ Each task seed gives one game, generated offline by one of TextWorld's challenge
 tw-simple, tw-treasure_hunter) and compiled to a Z-machine file; the same seed always gives the same game. Games
 are cached under the run's environment folder (`results/envs/textworld/`), so a rerun or a later stage does not
 generate them again. The policy sees the room (TextWorld's `look` text) and the inventory, after the message its
-last command produced; the anchor is the room and the inventory alone, without history (credit-assignment.md,
+last command produced; the anchor is the room and the inventory alone, without history (docs/credit-assignment.md,
 Terms). The commands admissible in each state come from TextWorld's state tracking.
 
 Capabilities:
@@ -67,9 +67,9 @@ def game_file(cfg: TextWorldConfig, cache_dir: Path, task: int) -> Path:
     path = Path(cache_dir) / "textworld" / variant / f"{task}.z8"
     if path.is_file():
         return path
-    import textworld
-    import textworld.challenges
-    from textworld.generator import compile_game
+    import textworld  # optional: textworld
+    import textworld.challenges  # optional: textworld
+    from textworld.generator import compile_game  # optional: textworld
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{task}.tmp-", dir=path.parent))
@@ -94,7 +94,7 @@ class LogicOracle:
     states); `None` when the state space exceeds `max_states`."""
 
     def __init__(self, game, max_states: int):
-        from textworld.generator.game import GameProgression
+        from textworld.generator.game import GameProgression  # optional: textworld
 
         start = GameProgression(game, track_quests=True)
         key = self.key
@@ -154,7 +154,7 @@ class TextWorldEnv:
         self.objective = ""
 
     def _start(self, path: Path):
-        import textworld
+        import textworld  # optional: textworld
 
         infos = textworld.EnvInfos(admissible_commands=True, description=True, inventory=True, objective=True,
                                    score=True, max_score=True, won=True, lost=True)
@@ -219,7 +219,7 @@ class TextWorldEnv:
         return self._oracle().distance(self.state["_game_progression"])
 
     def expert_actions(self) -> list[str]:
-        from textworld.generator.inform7 import Inform7Game
+        from textworld.generator.inform7 import Inform7Game  # optional: textworld
 
         progression = self.state["_game_progression"]
         oracle = self._oracle()

@@ -47,7 +47,7 @@ def gather_shares(mine: list, world: int) -> list:
     """Every process's `mine`, concatenated in rank order (the inverse of `share`)."""
     if world == 1:
         return mine
-    import torch.distributed as dist
+    import torch.distributed as dist  # start-up cost: torch
 
     parts = [None] * world
     dist.all_gather_object(parts, mine)
@@ -57,7 +57,7 @@ def gather_shares(mine: list, world: int) -> list:
 def all_reduce_grads(params: list[torch.Tensor]) -> None:
     """Sum every process's gradients (one flat buffer, one collective), as DDP's buckets do. Done by hand because a
     process may run more micro-batches than another in a minibatch, which DDP's per-backward hooks do not allow."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # start-up cost: torch
 
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -71,7 +71,7 @@ def all_reduce_grads(params: list[torch.Tensor]) -> None:
 
 def all_reduce_sums(sums: dict[str, float], device) -> dict[str, float]:
     """`sums` added up over the processes (float64)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # start-up cost: torch
 
     keys = list(sums)
     total = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)

@@ -13,11 +13,21 @@ Both return `pipeline.model.policy.Generation`s, so the step table is the same w
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import get_args
 
-from pipeline.model.policy import Generation, adapter_base, generate, is_adapter, load_policy, mix_seed, resolve_device
+from pipeline.model.policy import (
+    Generation,
+    adapter_base,
+    generate,
+    is_adapter,
+    load_policy,
+    mix_seed,
+    resolve_device,
+)
 
 # head sizes vLLM's CPU attention kernels accept (vLLM 0.32: csrc/cpu/attention)
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
@@ -49,10 +59,9 @@ class VLLMSampler:
     name = "vllm"
 
     def __init__(self, checkpoint: Path, tokenizer, params, engine_seed: int):
-        import json
 
         try:
-            from vllm import LLM
+            from vllm import LLM  # optional: vLLM
         except ImportError as e:
             raise ImportError("rollout.engine is vllm, but vLLM is not installed: run scripts/install-vllm "
                               f"(README, Rollout engines) ({e})") from None
@@ -69,10 +78,9 @@ class VLLMSampler:
         cfg = params.rollout.vllm
         self.lora_request, lora_args = None, {}
         if is_adapter(folder) and cfg.lora == "adapter":   # the base, and the adapter with every request
-            from typing import get_args
 
-            from vllm.config.lora import MaxLoRARanks
-            from vllm.lora.request import LoRARequest
+            from vllm.config.lora import MaxLoRARanks  # optional: vLLM
+            from vllm.lora.request import LoRARequest  # optional: vLLM
 
             rank = int(json.loads((folder / "adapter_config.json").read_text())["r"])
             slots = [k for k in get_args(MaxLoRARanks) if k >= rank]   # vLLM sizes its LoRA slots in steps
@@ -97,7 +105,7 @@ class VLLMSampler:
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                  seed: int | list[int]) -> list[Generation]:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional: vLLM
 
         if isinstance(seed, int):   # one seed for the call: one per prompt derived from it, as `generate` does
             seed = [mix_seed(seed, i) for i in range(len(prompt_ids))]
@@ -128,7 +136,7 @@ class VLLMSampler:
 def open_sampler(params, checkpoint: str | Path, engine_seed: int):
     """(sampler, tokenizer) for the checkpoint folder, by `rollout.engine`."""
     if params.rollout.engine == "vllm":
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # start-up cost: transformers
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
         return VLLMSampler(Path(checkpoint), tokenizer, params, engine_seed), tokenizer

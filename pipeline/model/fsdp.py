@@ -34,14 +34,14 @@ def _indexed(osd: dict) -> dict:
 def shard_model(model, optimizer, make_optimizer, device: torch.device):
     """Shard `model` across the process group and return a new optimiser (from `make_optimizer(params)`) holding
     `optimizer`'s state, sharded. Every process calls this with the whole model loaded."""
-    from torch.distributed import get_world_size
+    from torch.distributed import get_world_size  # start-up cost: torch
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
-    )
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    )  # start-up cost: torch
+    from torch.distributed.device_mesh import init_device_mesh  # start-up cost: torch
+    from torch.distributed.fsdp import fully_shard  # start-up cost: torch
 
     full = StateDictOptions(full_state_dict=True)
     state = get_optimizer_state_dict(model, optimizer, options=full) if optimizer.state else None
@@ -66,8 +66,12 @@ def shard_model(model, optimizer, make_optimizer, device: torch.device):
 def full_state(model, optimizer) -> tuple[dict, dict]:
     """The whole weights (by name) and optimiser state (`Optimizer.state_dict()`'s form) of a sharded model, on
     the CPU of process 0 (empty elsewhere). Every process calls this."""
-    from torch.distributed import get_rank
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed import get_rank  # start-up cost: torch
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )  # start-up cost: torch
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=opts)
@@ -80,7 +84,7 @@ def unsharded(model, optimizer, load_model, make_optimizer):
     `load_model()` and an optimiser from `make_optimizer(params)` that take them; (None, None) on the other
     processes. Every process calls this."""
     weights, state = full_state(model, optimizer)
-    from torch.distributed import get_rank
+    from torch.distributed import get_rank  # start-up cost: torch
 
     if get_rank() != 0:
         return None, None

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.model.precision import DTYPES, autocast, mark
 
@@ -24,8 +27,7 @@ PAD = "<pad>"
 def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = None):
     """A byte-level BPE tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast`; `isolate` is a
     regex of characters kept as single tokens (the environment's, e.g. a grid's cells)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # start-up cost: transformers
 
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=isolate is None)
@@ -44,7 +46,7 @@ def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = No
 
 def build_tiny_model(tokenizer, cfg, seed: int):
     """A Llama-architecture causal LM with random weights (a Llama config keeps AutoTokenizer's class as saved)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # start-up cost: transformers
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -89,7 +91,6 @@ def is_adapter(path: str | Path) -> bool:
 def adapter_base(path: str | Path) -> Path:
     """The model folder a LoRA checkpoint adapts: its `base_model_name_or_path`, relative to the adapter folder
     (as `save_policy` writes it) or absolute."""
-    import json
 
     path = Path(path)
     base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
@@ -105,7 +106,7 @@ def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, 
     """The model of a local folder, through `auto_class` (default AutoModelForCausalLM; SPA's estimator body takes
     AutoModel), as `load_policy` describes: fp32 master weights for `train`, else cast to `dtype`. A LoRA checkpoint
     loads its base plus the adapter, trainable for `train`, else merged into the base."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # start-up cost: transformers
 
     path = Path(path)
     adapter = is_adapter(path)
@@ -117,7 +118,7 @@ def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, 
     if train:
         mark(model, dtype)
     if adapter:
-        from peft import PeftModel
+        from peft import PeftModel  # optional: peft
 
         model = PeftModel.from_pretrained(model, path, is_trainable=train)
         if not train:
@@ -133,7 +134,7 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.model.precision`); otherwise the
     weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
     trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up cost: transformers
 
     model = load_weights(path, dtype, train)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)   # saved in adapter folders too
@@ -149,7 +150,7 @@ def with_lora(model, cfg, seed: int, task_type: str | None = "CAUSAL_LM"):
     """`model` wrapped with fresh LoRA adapters (a `LoraSettings`; B = 0, so it computes what `model` did): only
     the adapter weights train. A model that already carries adapters is returned as it is. `task_type` None suits
     a model without an LM head (SPA's estimator body)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model  # optional: peft
 
     if isinstance(model, PeftModel):
         return model
@@ -174,10 +175,8 @@ def save_weights(model, folder: Path, base: Path | None = None) -> None:
     """`model.save_pretrained(folder)`. A LoRA model writes only its adapter, with `base_model_name_or_path`
     pointing at `base` relative to `folder` (a temporary folder beside the final one, as `atomic_dir` makes it,
     so the relative path holds there too and a run folder can move)."""
-    import json
-    import os
 
-    from peft import PeftModel
+    from peft import PeftModel  # optional: peft
 
     model.save_pretrained(folder)
     if isinstance(model, PeftModel):
@@ -303,7 +302,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     one per response token; the response ends at the first EOS (kept) or at `max_new_tokens`. Only the sampled
     tokens' log-probs are kept (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens.
     """
-    from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList  # start-up cost: transformers
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
@@ -362,7 +361,7 @@ def pad_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id
 def token_logprobs(model, ids: torch.Tensor, targets: torch.Tensor | None = None, with_entropy: bool = False,
                    temperature: float = 1.0):
     """Per-position log-prob of the next token (shape [B, L-1]) and, optionally, the policy's entropy there, under
-    the distribution softmax(logits / `temperature`): the one the sampler drew from (credit-assignment.md, Policy
+    the distribution softmax(logits / `temperature`): the one the sampler drew from (docs/credit-assignment.md, Policy
     update), as verl's actor computes it.
 
     `ids` is a right-padded batch from `pad_batch`. Pads come after every real token, so causal attention alone

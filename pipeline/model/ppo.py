@@ -1,4 +1,4 @@
-"""PPO-clip on response tokens (credit-assignment.md, "Policy update (all methods)").
+"""PPO-clip on response tokens (docs/credit-assignment.md, "Policy update (all methods)").
 
 `log π_old` is recomputed here from the rollout checkpoint, at the sampling temperature (the distribution the
 sampler drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
+from pipeline.model.distributed import (
+    Processes,
+    all_reduce_grads,
+    all_reduce_sums,
+    gather_shares,
+    share,
+)
 from pipeline.model.policy import pad_batch, token_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 

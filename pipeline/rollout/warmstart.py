@@ -11,15 +11,7 @@ distribution toward the mixture, so the initial policy knows the mapping but pla
 sharpen it. `random_action_share` also decides which states the demonstrations visit: more random moves, more
 off-path states with an optimal label, the states a noisy policy actually meets.
 
-Measured with an in-process loop of the default job (the same library functions without the workflow; 6
-iterations of GRPO, 32 tasks x 8 episodes, PPO lr 2e-4, 600 clean of 800 steps, held-out success at temperature
-1.0 on 128 tasks). With 1 episode per task: share 0.65 went from 0.273 to 0.664 (seed 0) and from 0.312 to 0.586
-(seed 1). With 2 episodes per task (256 episodes): share 0.65 went from 0.355 to 0.688 (lr 3e-4; flat after
-that: 0.688, 0.660 at iterations 7 and 8) and share 0.7 from 0.180 to 0.453 (lr 2e-4; 0.426, 0.449 at 7 and 8).
-The workflow run with share 0.7 (commit 87e3b67) went from 0.238 to 0.406 (1.71x), so the default stays 0.65.
-Without a clean phase (share 0.5) the tiny model stays near the marginal action distribution and RL does not
-improve it (the default job at commit 0f7604f: 0.180 to 0.086). With share 0.8 RL stays flat (0.234 to
-0.258); more demonstration states are dead there (no optimal label), a likely but unchecked cause.
+Why these settings, with the measurements behind them: docs/results.md, "Warm-start settings".
 """
 
 from __future__ import annotations
@@ -33,7 +25,12 @@ import torch
 from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_action
 from pipeline.envs.base import has, make_env, require
-from pipeline.model.policy import encode_prompt, encode_response, pad_batch, token_logprobs
+from pipeline.model.policy import (
+    encode_prompt,
+    encode_response,
+    pad_batch,
+    token_logprobs,
+)
 from pipeline.model.precision import Stepper
 from pipeline.rollout.prompts import build_prompt
 

@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -130,9 +133,6 @@ def record_run(params_file: str, log=print) -> bool:
     what Snakemake made and `dvc status` / `dvc repro` agree with it. Skipped, with the reason, where there is no
     DVC repository, where dvc.yaml is not the one generated for `params_file`, or where the params file leaves out
     keys dvc.yaml lists. Returns whether it committed."""
-    import shutil
-    import subprocess
-    import time
 
     if not Path(".dvc").is_dir() or not Path("dvc.yaml").is_file():
         return False

@@ -166,7 +166,7 @@ STAGES: tuple[Stage, ...] = (
           enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",), mem_mb=2000, runtime=30),
-    # log-probs are taken at the sampling temperature (credit-assignment.md, Policy update)
+    # log-probs are taken at the sampling temperature (docs/credit-assignment.md, Policy update)
     Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "policy.lora", "policy.dtype", "runtime.device",
                   "runtime.update_processes", "runtime.update_sharding"), threads=2, loads_model=True),
@@ -250,7 +250,7 @@ def uses_gpu(device: str) -> bool:
         return True
     if not (Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists()):
         return False
-    import torch
+    import torch  # start-up cost: torch
 
     return torch.cuda.is_available()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+import yaml
+
 ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS")
 
 
@@ -36,7 +38,6 @@ def configure(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     requested = 0
     try:
-        import yaml
 
         with open(_params_file(argv)) as f:
             requested = int(((yaml.safe_load(f) or {}).get("runtime") or {}).get("torch_threads") or 0)
@@ -52,7 +53,7 @@ def apply(n: int) -> None:
     for var in ENV:
         os.environ[var] = str(n)
     if "torch" in sys.modules:
-        import torch
+        import torch  # start-up cost: torch
 
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)

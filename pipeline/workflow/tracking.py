@@ -15,6 +15,7 @@ runs waits for it, and only that wait counts as the stage's tracking time.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -22,6 +23,9 @@ import threading
 import time
 import warnings
 from pathlib import Path
+
+import psutil
+from filelock import FileLock
 
 from pipeline.config.params import Params, load_params, params_dict
 from pipeline.workflow.threads import in_effect
@@ -40,13 +44,26 @@ def tracking_uri(params: Params, root: Path | None = None) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+def open_experiment(uri: str, experiment: str, root: Path):
+    """(client, experiment id) of `experiment` in the MLflow store at `uri`, created (with its artifacts under
+    `root/mlartifacts`) where it does not exist yet. The stages, `sync` and the benchmarks open MLflow here."""
+    from mlflow import (
+        MlflowClient,  # start-up cost: MLflow's import is slow, and tracking may be off
+    )  # start-up cost: MLflow
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        return client, exp.experiment_id
+    return client, client.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri())
+
+
 def invocation() -> tuple[str, str]:
     """(key, driver): the nearest ancestor that is snakemake or dvc identifies this pipeline invocation."""
     override = os.environ.get("CREDITRL_INVOCATION")
     if override:
         return override, "env"
     try:
-        import psutil
 
         proc = psutil.Process().parent()
         while proc is not None and proc.pid > 1:
@@ -129,19 +146,11 @@ class Tracker:
         return None
 
     def _start(self) -> None:
-        from filelock import FileLock
-        from mlflow import MlflowClient
 
-        uri = tracking_uri(self.params, self.root)
-        client = MlflowClient(tracking_uri=uri)
         key, driver = invocation()
         with FileLock(str(self.root / ".mlflow.lock"), timeout=60):
-            exp = client.get_experiment_by_name(self.params.tracking.experiment)
-            if exp is None:
-                art = (self.root / "mlartifacts").as_uri()
-                exp_id = client.create_experiment(self.params.tracking.experiment, artifact_location=art)
-            else:
-                exp_id = exp.experiment_id
+            client, exp_id = open_experiment(tracking_uri(self.params, self.root), self.params.tracking.experiment,
+                                             self.root)
             found = client.search_runs(
                 [exp_id], filter_string=f"tags.`{INVOCATION_TAG}` = '{key}' and tags.`creditrl.role` = 'parent'",
                 max_results=1)
@@ -172,7 +181,7 @@ class Tracker:
         return f"{self.params.run.dir} {self.params.credit.method} s{self.params.seed}"
 
     def _log_params(self, client, run_id: str) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # start-up cost: MLflow
 
         items = [Param(k, str(v)[:6000]) for k, v in params_dict(self.params).items()]
         for i in range(0, len(items), 100):
@@ -187,7 +196,7 @@ class Tracker:
         self._guard(self._log_metrics, metrics, step, parent)
 
     def _log_metrics(self, metrics, step, parent) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # start-up cost: MLflow
 
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()]
@@ -203,7 +212,6 @@ class Tracker:
         tracking (time the stage waited for MLflow; the store opens in the background), work (the rest); read by
         `bench.breakdown`."""
         try:
-            import psutil
 
             started = psutil.Process().create_time()
         except Exception:  # noqa: BLE001 - best effort
@@ -239,17 +247,13 @@ def sync(params: Params, root: Path | None = None) -> int:
     """Log to MLflow every stage whose tracking failed (a `results/metrics/*.unsynced` marker beside its
     metrics file): one parent run for this sync, a child run per stage with its params and every metric record
     (parent-level ones on the parent too). Returns the number of stages synced; markers go once synced."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # start-up cost: MLflow
 
     root = root or repo_root()
     markers = sorted((root / params.run.dir / "metrics").glob("*.unsynced"))
     if not markers:
         return 0
-    client = MlflowClient(tracking_uri=tracking_uri(params, root))
-    exp = client.get_experiment_by_name(params.tracking.experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        params.tracking.experiment, artifact_location=(root / "mlartifacts").as_uri())
+    client, exp_id = open_experiment(tracking_uri(params, root), params.tracking.experiment, root)
     parent = client.create_run(exp_id, run_name=f"sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
                                tags={"creditrl.role": "parent", "creditrl.driver": "sync",
                                      "creditrl.method": params.credit.method}).info.run_id
@@ -276,7 +280,6 @@ def sync(params: Params, root: Path | None = None) -> int:
 
 
 def main(argv=None) -> None:
-    import argparse
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.workflow.tracking",
                                  description="Log to MLflow the stages whose tracking failed during a run.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import polars as pl
+
 from pipeline.credit.base import EpisodeConfig, Method, compute, registered
 
 _SUPPORT = {"base", "reward_model"}
@@ -46,17 +48,19 @@ def history_params() -> list[str]:
     return [f"credit.{m.name}.{k}" for m in METHODS.values() for k in m.history_keys]
 
 
-def check_history_depth(groups, credit, history_turns: int, where: str) -> None:
-    """A clear error when the chosen method reads history groups of another depth than these params ask for (the
-    group table was written under other params)."""
+def own_history(table, credit, history_turns: int, where: str):
+    """`table` (turns joined with their groups) with `history_groups` cut to the depth the chosen method asks for;
+    a clear error when the group table was written under other params (its depth is not the group stage's)."""
     method = get(credit.method)
-    if method.history_depth is None or groups.height == 0:
-        return
-    have, want = groups["history_groups"].list.len().min(), history_depth(credit, history_turns)
+    if method.history_depth is None or table.height == 0:
+        return table
+    have, want = table["history_groups"].list.len().min(), history_depth(credit, history_turns)
     if have != want:
-        raise ValueError(f"{where}: history_groups hold {have} depths, credit.{method.name} expects {want}; "
-                         "rerun the group stage")
+        raise ValueError(f"{where}: history_groups hold {have} depths, these params ask for {want} "
+                         f"(credit.{method.name}); rerun the group stage")
+    own = method.history_depth(getattr(credit, method.name), history_turns)
+    return table if own == want else table.with_columns(pl.col("history_groups").list.head(own))
 
 
-__all__ = ["METHODS", "EpisodeConfig", "Method", "check_history_depth", "compute_advantages", "get",
+__all__ = ["METHODS", "EpisodeConfig", "Method", "own_history", "compute_advantages", "get",
            "history_depth", "history_params"]

@@ -1,4 +1,4 @@
-"""GiGPO (credit-assignment.md, GiGPO): `A_t = A^E(τ) + ω · norm(G_t; step group of t)`.
+"""GiGPO (docs/credit-assignment.md, GiGPO): `A_t = A^E(τ) + ω · norm(G_t; step group of t)`.
 
 Step groups come from the group stage (`step_group`: same task group, same anchor) or, with
 `similarity_threshold`, from greedy clustering of the anchor strings within each task group.

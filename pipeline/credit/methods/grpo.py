@@ -1,4 +1,4 @@
-"""GRPO (credit-assignment.md, "GRPO (episode level only)"): `A_t = A^E(τ)`, the shared episode term alone."""
+"""GRPO (docs/credit-assignment.md, "GRPO (episode level only)"): `A_t = A^E(τ)`, the shared episode term alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HGPO (credit-assignment.md, HGPO): `A_t = A^E(τ) + ω Σ_k w_k norm(G_t; key_k group)`, `w_k ∝ (k+1)^α`.
+"""HGPO (docs/credit-assignment.md, HGPO): `A_t = A^E(τ) + ω Σ_k w_k norm(G_t; key_k group)`, `w_k ∝ (k+1)^α`.
 
 `history_groups[k-1]` is the id of the key (task group, s_{t−k+1}, …, s_t) from the group stage; the sum runs over
 the depths whose group is not a singleton and the weights are renormalised over them. With `base_group` (the
@@ -12,7 +12,14 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, dense_keys, episode_advantage, group_norm, register
+from pipeline.credit.base import (
+    Method,
+    Terms,
+    dense_keys,
+    episode_advantage,
+    group_norm,
+    register,
+)
 from pipeline.data.section import Mode, Section
 
 

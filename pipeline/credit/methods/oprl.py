@@ -1,4 +1,4 @@
-"""OPRL: online implicit process reward (credit-assignment.md, OPRL).
+"""OPRL: online implicit process reward (docs/credit-assignment.md, OPRL).
 
 `A_t = A^E(τ) + α · norm(r_φ(t); all turns of g)`, with the implicit step reward
 `r_φ(t) = β Σ_{tokens of the turn's response} [log π_φ − log π_old]` written by the fit stage (`score`).
@@ -14,6 +14,9 @@ Drift report (`fit/prm_drift`, `fit/policy_drift`, `fit/drift_corr`): how far th
 moved from the initial policy (mean |Σ log π − Σ log π_init| per turn, in nats), and the correlation of r_φ with
 `β (log π_init − log π_old)`. A PRM that barely moves while the policy does gives `r_φ ≈ β (log π_init − log π_old)`
 (drift_corr near 1): it then measures the policy's own movement, not the preferences.
+
+Loading params imports this module (the schema is assembled from the method registry), so torch, transformers
+and `pipeline.model` are imported inside the functions that train or score (start-up cost).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import polars as pl
 from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
+from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import LoraSettings, Mode, Section
 from pipeline.data.seeds import stage_seed
 
@@ -66,7 +69,7 @@ def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int) -
     The same function scores the PRM and the rollout policy, so that identical weights give identical sums and
     the implicit rewards are then exactly zero.
     """
-    from pipeline.model.ppo import sequence_logprobs
+    from pipeline.model.ppo import sequence_logprobs  # start-up cost: torch
 
     per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size)
     return np.array([float(x.double().sum()) for x in per_token], dtype=np.float64)
@@ -74,7 +77,7 @@ def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int) -
 
 def episode_scores(turn_values, turn_episode, n_episodes: int, how: str):
     """`S(τ) = Σ_t r_φ(t)` (`sum`, paper) or the mean over the episode's turns (`mean`, released code)."""
-    import torch
+    import torch  # start-up cost: torch
 
     S = torch.zeros(n_episodes, dtype=turn_values.dtype).index_add(0, turn_episode, turn_values)
     if how == "sum":
@@ -91,8 +94,8 @@ def pairwise_loss(S, episode_group, episode_success):
     τ−; groups without such a pair contribute nothing. The iteration's loss is the mean over the groups that have
     pairs. Returns (loss, number of pairs); the loss is 0 without pairs.
     """
-    import torch
-    import torch.nn.functional as F
+    import torch  # start-up cost: torch
+    import torch.nn.functional as F  # start-up cost: torch
 
     same = episode_group.unsqueeze(1) == episode_group.unsqueeze(0)
     pos = episode_success.bool()
@@ -118,10 +121,10 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     backpropagates `Σ_t ∂L/∂S(τ_t) · ∂S/∂r_φ(t) · β · Σ log π_φ` chunk by chunk: the exact gradient, in the memory
     of one chunk.
     """
-    import torch
+    import torch  # start-up cost: torch
 
-    from pipeline.model.policy import pad_batch, token_logprobs
-    from pipeline.model.precision import NonFiniteError, Stepper
+    from pipeline.model.policy import pad_batch, token_logprobs  # start-up cost: torch
+    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
 
     n_eps = len(episode_group)
     te = torch.as_tensor(np.array(turn_episode), dtype=torch.long)
@@ -183,7 +186,7 @@ class PrmBatch:
 
 
 def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndarray:
-    from pipeline.model.policy import load_policy
+    from pipeline.model.policy import load_policy  # start-up cost: torch
 
     model, tok = load_policy(path, params.policy.dtype, params.runtime.device, train=True)
     out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size)
@@ -193,7 +196,7 @@ def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndar
 
 class ImplicitPRM(StepRewardModel):
     def init(self, policy_dir: Path, params) -> PrmState:
-        from pipeline.model.policy import load_policy, with_lora
+        from pipeline.model.policy import load_policy, with_lora  # start-up cost: torch
 
         cfg = params.credit.oprl
         prm, tok = load_policy(policy_dir, params.policy.dtype, params.runtime.device, train=True)
@@ -202,7 +205,10 @@ class ImplicitPRM(StepRewardModel):
         return self._state(prm, tok, Path(policy_dir) if cfg.lora is not None else None, cfg)
 
     def load(self, model_dir: Path, tables, params) -> PrmState:
-        from pipeline.model.policy import adapter_base, load_policy
+        from pipeline.model.policy import (  # start-up cost: torch
+            adapter_base,
+            load_policy,
+        )
 
         cfg = params.credit.oprl
         base = adapter_base(model_dir) if check_lora(model_dir, cfg.lora, "credit.oprl.lora") else None
@@ -216,7 +222,7 @@ class ImplicitPRM(StepRewardModel):
         return PrmState(prm, tok, adamw.build(prm.parameters(), cfg.lr), base)
 
     def save(self, state: PrmState, model_dir: Path) -> dict[str, pl.DataFrame]:
-        from pipeline.model.policy import save_policy
+        from pipeline.model.policy import save_policy  # start-up cost: torch
 
         save_policy(state.prm, state.tokenizer, model_dir, base=state.base)
         return {}
@@ -226,13 +232,13 @@ class ImplicitPRM(StepRewardModel):
         prompts, responses = steps["prompt_ids"].to_list(), steps["response_ids"].to_list()
         episodes = steps.group_by("episode_id", maintain_order=True).agg(
             pl.col("task_group").first(), pl.col("success").first())
-        ep_index = {e: i for i, e in enumerate(episodes["episode_id"].to_list())}
+        turn_episode, _ = episode_index(steps["episode_id"])
         return PrmBatch(
             prompts, responses,
             old_sums=_sums_of(rollout_policy, prompts, responses, params, cfg),
             init_sums=_sums_of(initial_policy, prompts, responses, params, cfg) if cfg.report_drift else None,
             engine_sums=np.array([float(np.sum(x)) for x in steps["response_logprobs"].to_list()]),
-            turn_episode=np.array([ep_index[e] for e in steps["episode_id"].to_list()], dtype=np.int64),
+            turn_episode=turn_episode,
             episode_group=episodes["task_group"].to_numpy(), episode_success=episodes["success"].to_numpy())
 
     def fit(self, state: PrmState, b: PrmBatch, iteration, params, log: Log = None) -> dict[str, float]:

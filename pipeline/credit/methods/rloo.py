@@ -1,4 +1,4 @@
-"""RLOO (credit-assignment.md, RLOO): `A^E(τ) = R(τ) − mean of the other episodes' R = N/(N−1)(R − mean_g R)`.
+"""RLOO (docs/credit-assignment.md, RLOO): `A^E(τ) = R(τ) − mean of the other episodes' R = N/(N−1)(R − mean_g R)`.
 
 RLOO is an episode-level method whose whole definition is its baseline, so it is the one method whose episode
 term is its own rather than the shared `credit.episode` term: comparing it with GRPO compares the two baselines.

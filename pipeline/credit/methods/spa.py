@@ -1,4 +1,4 @@
-"""SPA: stepwise progress attribution, critic-free (credit-assignment.md, SPA).
+"""SPA: stepwise progress attribution, critic-free (docs/credit-assignment.md, SPA).
 
 `A_t = A^E(τ) + ω · norm(G^SPA_t; all turns of g)`, where `G^SPA` is the γ-discounted return of the step reward
 `r^SPA_t = progress_w · c_t + grounding_w · g_t` (g_t = 1 for a valid, executed action) and c_t is the progress
@@ -9,6 +9,9 @@ The estimator is the policy's base model plus a scalar head on the final hidden 
 every turn c_t = 0. Each iteration the replay (SPA's `replay.parquet`: the turns of the last `replay_iterations`
 iterations) is extended with this iteration's turns, the estimator trains on it so that each episode's
 contributions sum to its outcome, `(Σ_t c_t − R_final(τ))²`, and then scores this iteration's turns.
+
+Loading params imports this module (the schema is assembled from the method registry), so torch, transformers
+and `pipeline.model` are imported inside the functions that train or score (start-up cost).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
-from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
+from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import LoraSettings, Mode, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
@@ -72,7 +75,7 @@ class ProgressEstimator:
     """A base model (the policy's architecture without its LM head) and a zero-initialised scalar head."""
 
     def __init__(self, body, hidden_size: int):
-        import torch
+        import torch  # start-up cost: torch
 
         self.body = body
         self.head = torch.nn.Linear(hidden_size, 1)
@@ -86,7 +89,7 @@ class ProgressEstimator:
                     ) -> ProgressEstimator:
         """The body of the policy folder at `path`, fp32 master weights computing in `dtype`; with `lora` (a
         `LoraSettings`), fresh adapters on the frozen body (B = 0: the same hidden states)."""
-        from pipeline.model.policy import with_lora
+        from pipeline.model.policy import with_lora  # start-up cost: torch
 
         est = cls._build(path, dtype, device, None if lora is None else lambda body: with_lora(body, lora, seed, None))
         est.base = Path(path) if lora is not None else None
@@ -95,9 +98,12 @@ class ProgressEstimator:
     @classmethod
     def load(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
         """The estimator `save` wrote: a whole body, or LoRA adapters on the initial policy's body."""
-        import torch
+        import torch  # start-up cost: torch
 
-        from pipeline.model.policy import adapter_base, is_adapter
+        from pipeline.model.policy import (  # start-up cost: torch
+            adapter_base,
+            is_adapter,
+        )
 
         path = Path(path)
         if not (path / HEAD_FILE).is_file():
@@ -109,10 +115,13 @@ class ProgressEstimator:
 
     @classmethod
     def _build(cls, path, dtype, device, wrap=None) -> ProgressEstimator:
-        from transformers import AutoModel
+        from transformers import AutoModel  # start-up cost: transformers
 
-        from pipeline.model.policy import load_weights, resolve_device
-        from pipeline.model.precision import mark
+        from pipeline.model.policy import (  # start-up cost: torch
+            load_weights,
+            resolve_device,
+        )
+        from pipeline.model.precision import mark  # start-up cost: torch
 
         body = load_weights(path, dtype, train=True, auto_class=AutoModel)
         body = wrap(body) if wrap is not None else body
@@ -123,9 +132,9 @@ class ProgressEstimator:
 
     def save(self, path: str | Path) -> None:
         """The body (a LoRA body: its adapter, pointing at the initial policy) and the head."""
-        import torch
+        import torch  # start-up cost: torch
 
-        from pipeline.model.policy import save_weights
+        from pipeline.model.policy import save_weights  # start-up cost: torch
 
         path = Path(path)
         save_weights(self.body, path, self.base)
@@ -142,9 +151,9 @@ class ProgressEstimator:
         self.modules.eval()
 
     def __call__(self, ids, attn):
-        import torch
+        import torch  # start-up cost: torch
 
-        from pipeline.model.precision import autocast
+        from pipeline.model.precision import autocast  # start-up cost: torch
 
         device = self.head.weight.device
         ids, attn = ids.to(device), attn.to(device)
@@ -156,9 +165,9 @@ class ProgressEstimator:
 
     def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False):
         """c_t for each turn (prompt + response, right-padded in chunks)."""
-        import torch
+        import torch  # start-up cost: torch
 
-        from pipeline.model.policy import pad_batch
+        from pipeline.model.policy import pad_batch  # start-up cost: torch
 
         out = []
         with torch.set_grad_enabled(grad):
@@ -169,8 +178,8 @@ class ProgressEstimator:
 
 
 def spa_loss(c, turn_episode, outcome):
-    """SPA's loss (credit-assignment.md, SPA): mean over episodes of `(Σ_t c_t − R_final(τ))²`."""
-    import torch
+    """SPA's loss (docs/credit-assignment.md, SPA): mean over episodes of `(Σ_t c_t − R_final(τ))²`."""
+    import torch  # start-up cost: torch
 
     total = torch.zeros(len(outcome), dtype=c.dtype, device=c.device).index_add(0, turn_episode.to(c.device), c)
     return ((total - outcome.to(device=c.device, dtype=c.dtype)) ** 2).mean()
@@ -179,9 +188,9 @@ def spa_loss(c, turn_episode, outcome):
 def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,
                    outcome: np.ndarray, cfg, pad_id: int, seed: int, progress: Log = None) -> dict[str, float]:
     """`cfg.epochs` passes over the replay in shuffled batches of `cfg.episodes_per_batch` whole episodes."""
-    import torch
+    import torch  # start-up cost: torch
 
-    from pipeline.model.precision import NonFiniteError, Stepper
+    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
 
     n_eps = len(outcome)
     turns_of = [[] for _ in range(n_eps)]
@@ -242,19 +251,13 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _episode_index(episode_ids: pl.Series) -> tuple[np.ndarray, list]:
-    eps = episode_ids.unique(maintain_order=True).to_list()
-    index = {e: i for i, e in enumerate(eps)}
-    return np.array([index[e] for e in episode_ids.to_list()], dtype=np.int64), eps
-
-
 class ProgressModel(StepRewardModel):
     extra_tables = {REPLAY_FILE: REPLAY}
 
     def init(self, policy_dir: Path, params) -> SpaState:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # start-up cost: transformers
 
-        from pipeline.model import adamw
+        from pipeline.model import adamw  # start-up cost: torch
 
         cfg = params.credit.spa
         est = ProgressEstimator.from_policy(policy_dir, params.policy.dtype, params.runtime.device, cfg.lora,
@@ -263,9 +266,9 @@ class ProgressModel(StepRewardModel):
         return SpaState(est, tok, adamw.build(est.parameters(), cfg.lr), empty_table(REPLAY))
 
     def load(self, model_dir: Path, tables, params) -> SpaState:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # start-up cost: transformers
 
-        from pipeline.model import adamw
+        from pipeline.model import adamw  # start-up cost: torch
 
         check_lora(model_dir, params.credit.spa.lora, "credit.spa.lora")
         est = ProgressEstimator.load(model_dir, params.policy.dtype, params.runtime.device)
@@ -284,7 +287,7 @@ class ProgressModel(StepRewardModel):
                                pl.col("success").cast(pl.Float64).alias("outcome"))
         keep = pl.col("iteration") > iteration - cfg.replay_iterations
         replay = pl.concat([state.replay.filter(keep), current.filter(keep)]).sort("episode_id", "step")
-        te, _ = _episode_index(steps["episode_id"])
+        te, _ = episode_index(steps["episode_id"])
         outcome = steps.group_by("episode_id", maintain_order=True).agg(
             pl.col("success").first())["success"].cast(pl.Float64).to_numpy()
         return SpaBatch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), te, outcome, replay,
@@ -292,7 +295,7 @@ class ProgressModel(StepRewardModel):
 
     def fit(self, state: SpaState, b: SpaBatch, iteration, params, log: Log = None) -> dict[str, float]:
         state.replay = b.replay
-        te, eps = _episode_index(b.replay["episode_id"])
+        te, eps = episode_index(b.replay["episode_id"])
         outcome = b.replay.group_by("episode_id", maintain_order=True).agg(
             pl.col("outcome").first())["outcome"].to_numpy()
         if log is not None:
@@ -308,7 +311,7 @@ class ProgressModel(StepRewardModel):
         return c.double().cpu().numpy()
 
     def diagnostics(self, state: SpaState, b: SpaBatch, scores, params) -> dict[str, float]:
-        import torch
+        import torch  # start-up cost: torch
 
         if not len(scores):
             return {}
