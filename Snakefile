@@ -1,13 +1,14 @@
-# The RL loop. Rules are built from the one stage registry (pipeline/workflow/registry.py), which also generates dvc.yaml.
+# The RL loop. Rules are built from the one stage registry (pipeline/workflow/registry.py), which also generates
+# dvc.yaml.
 #   snakemake --cores all                          # the whole loop on params.yaml
 #   snakemake --cores all --config params=my.yaml  # another params file
 import sys
 
 from pipeline.config.params import ParamsError, load_params
-from pipeline.workflow.runs import share_base
 from pipeline.workflow.dvcgen import record_run
-from pipeline.workflow.registry import (at, code_inputs, deps_for, enabled_stages, final_targets, job_file, params_fingerprint,
-                               processes_for, resources_for, strip_dir)
+from pipeline.workflow.registry import (code_inputs, deps_for, enabled_stages, final_targets, job_file,
+                                        params_fingerprint, processes_for, resources_for, strip_dir)
+from pipeline.workflow.runs import share_base
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:

@@ -10,10 +10,10 @@ credit.oprl.lr=2e-4` and the like try other settings on the same rollouts.
 
 Each turn is labelled by the oracle of docs/credit-assignment.md (Oracle credit): good when d(s_{t+1}) < d(s_t), bad
 when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact distance to success that the environment provides
-(`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn advantage for separating good from bad turns, plus the
-share of turns each method gives a non-zero step-level signal, over all iterations and per iteration. Writes
-credit_quality.csv, credit_quality_by_iteration.csv, credit_quality_fit.csv (the fit statistics per iteration:
-losses, the PRM's drift) and credit_quality.png.
+(`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn
+advantage for separating good from bad turns, plus the share of turns each method gives a non-zero step-level signal,
+over all iterations and per iteration. Writes credit_quality.csv, credit_quality_by_iteration.csv,
+credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift) and credit_quality.png.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     df = pl.DataFrame(rows)
     per_it_df = pl.DataFrame(by_iteration)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [out_dir / "credit_quality.csv", out_dir / "credit_quality_by_iteration.csv", out_dir / "credit_quality.png"]
+    files = [out_dir / "credit_quality.csv", out_dir / "credit_quality_by_iteration.csv",
+             out_dir / "credit_quality.png"]
     write_text_atomic(files[0], df.write_csv())
     write_text_atomic(files[1], per_it_df.write_csv())
     if fit_stats:

@@ -35,12 +35,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from pipeline.config.params import (
-    METHOD_NAMES,
-    apply_overrides,
-    load_params,
-    with_overrides,
-)
+from pipeline.config.params import METHOD_NAMES, apply_overrides, load_params, with_overrides
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 

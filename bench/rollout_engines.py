@@ -46,12 +46,7 @@ SHAPES = {
 def build_model(name: str, folder: Path) -> Path:
     """A random-weight model folder of the named shape, with a tokenizer trained on Sokoban text."""
     import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from pipeline.config.params import Params
     from pipeline.model.policy import train_tokenizer

@@ -8,8 +8,8 @@
    episodes; each shard job 1 thread, as the registry gives rollouts). Each N is one run in its own `run.dir`,
    linking the same initial policy (`run.base`), timed from Snakemake's start to the merged step table; reported:
    turns/s, and whether the step table is byte-identical to N = 1's.
-2. Batch shape. The same episodes are played by `pipeline.rollout.episodes.play_episodes` in one batch of all of them and
-   in batches of `--batch-size`: every response is sampled with its own seed, so only the floats of the
+2. Batch shape. The same episodes are played by `pipeline.rollout.episodes.play_episodes` in one batch of all of
+   them and in batches of `--batch-size`: every response is sampled with its own seed, so only the floats of the
    forward pass differ (BLAS kernels and padding widths depend on the batch). Reported: the largest log-prob
    difference on the first turn (identical prompts), the share of first-turn tokens that differ, and the share of
    episodes whose play differs anywhere. Shards never see this difference (a shard is whole batches), but it is

@@ -17,12 +17,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.credit.grouping import (
-    build_groups,
-    group_size_distribution,
-    similarity_groups,
-)
-from pipeline.credit.naive import similarity_groups_reference
+from pipeline.credit.grouping import build_groups, group_size_distribution, similarity_groups
+from pipeline.credit.naive import similarity_groups_naive
 from pipeline.data.tables import STEPS, read_table, write_text_atomic
 
 
@@ -48,7 +44,7 @@ def run(run_dir: Path, threshold: float, out_dir: Path, reference_max: int = 20_
              "seconds_per_1e4_turns": seconds / steps.height * 1e4}]
     sample = steps.head(reference_max)
     t0 = time.perf_counter()
-    ref = similarity_groups_reference(sample.select("episode_id", "step", "task_group", "anchor").to_dicts(),
+    ref = similarity_groups_naive(sample.select("episode_id", "step", "task_group", "anchor").to_dicts(),
                                       threshold)
     ref_seconds = time.perf_counter() - t0
     got = similarity_groups(sample, threshold).to_list()

@@ -3,11 +3,11 @@
     python -m bench.throughput                       # 10^4, 10^5, 10^6 turns; writes results/bench/throughput.{csv,png}
     python -m bench.throughput --sizes 10000 --repeats 1 --out /tmp/smoke   # the CI smoke version
 
-The tables look like Sokoban rollouts: G = 8 episodes per task, episodes of 3-15 turns that random-walk over a
-small per-task state graph (so anchors repeat across episodes and within one), 40-character anchor strings,
-gym-sokoban-like rewards and 2 % invalid actions. Each size is timed for the group stage's work (`build_groups`:
-hashing, step groups, HGPO keys), for the content checks every read of the step table makes (unique, contiguous
-turns, finite rewards and log-probs; `pipeline.data.tables.check_rows`) and for each estimator, and in the same run a plain per-row Python GiGPO
+The tables look like Sokoban rollouts: G = 8 episodes per task, episodes of 3-15 turns that random-walk over a small
+per-task state graph (so anchors repeat across episodes and within one), 40-character anchor strings, gym-sokoban-like
+rewards and 2 % invalid actions. Each size is timed for the group stage's work (`build_groups`: hashing, step groups,
+HGPO keys), for the content checks every read of the step table makes (unique, contiguous turns, finite rewards and
+log-probs; `pipeline.data.tables.check_rows`) and for each estimator, and in the same run a plain per-row Python GiGPO
 (`pipeline.credit.naive`, loops and dicts the way reference codebases write it) computes the same advantages, which
 must agree to 1e-9. Target: 10^6 turns grouped and GiGPO-advantaged in at most 2 s on the 2-core machine.
 """
@@ -26,7 +26,7 @@ import polars as pl
 from pipeline.config.params import METHOD_NAMES, CreditConfig
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import compute_advantages
-from pipeline.credit.naive import gigpo_reference
+from pipeline.credit.naive import gigpo_naive
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import STEPS, Table, check_rows, write_text_atomic
 
@@ -104,7 +104,7 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
             credit = CreditConfig(method="gigpo")
             cfg, ep = credit.gigpo, credit.episode
             records = steps.select("episode_id", "step", "task_group", "anchor", "reward", "action_valid").to_dicts()
-            t_ref, ref = timed(lambda: gigpo_reference(records, ep.mode, cfg.mode, ep.episode_stats, cfg.gamma,
+            t_ref, ref = timed(lambda: gigpo_naive(records, ep.mode, cfg.mode, ep.episode_stats, cfg.gamma,
                                                        cfg.step_advantage_w, credit.invalid_penalty), 1)
             got = results["gigpo"]
             diff = max(abs(a - ref[(e, s)]) for e, s, a in zip(got["episode_id"].to_list(), got["step"].to_list(),

@@ -17,8 +17,8 @@ class NonFiniteAdvantageError(ValueError):
 def advantages_excluding_env_errors(table: pl.DataFrame, credit) -> pl.DataFrame:
     """`compute_advantages` on the episodes whose environment never raised; the others get advantage 0.
 
-    A crashed episode (`env_error` set on its last row, see `pipeline.rollout.episodes`) says nothing about the policy: it
-    neither enters the group statistics nor trains the policy.
+    A crashed episode (`env_error` set on its last row, see `pipeline.rollout.episodes`) says nothing about the
+    policy: it neither enters the group statistics nor trains the policy.
     """
     broken = table.filter(pl.col("env_error").is_not_null())["episode_id"].unique()
     if broken.is_empty():

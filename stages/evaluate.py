@@ -30,12 +30,7 @@ from pipeline.data import paths, tables
 from pipeline.data.seeds import stage_seed, task_seed
 from pipeline.envs.base import has, make_env
 from pipeline.model.engines import open_sampler
-from pipeline.rollout.episodes import (
-    EpisodeSpec,
-    check_env_errors,
-    episode_summary,
-    play_with_params,
-)
+from pipeline.rollout.episodes import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.rollout.shards import merge_shards, shard_of, shard_options
 from pipeline.workflow.cli import parse_args, stage_errors
 from pipeline.workflow.tracking import Tracker

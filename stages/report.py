@@ -84,8 +84,8 @@ def main(argv=None) -> None:
         tracker.log_artifact(csv_path, parent=True)
         tracker.log_artifact(png_path, parent=True)
         tracker.finish("FINISHED", end_parent=True)
-        ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(paths.REPORT_METRICS)}: success {first:.3f} at iteration 0, "
-                f"{last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
+        ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(paths.REPORT_METRICS)}: success {first:.3f} at "
+                f"iteration 0, {last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
                                                       if "credit" in k and v is not None))
         print(curve)
 

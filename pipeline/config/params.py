@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-    create_model,
-    model_validator,
-)
+from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method
 from pipeline.data.section import LoraSettings, Section
@@ -193,13 +186,14 @@ class TrackingConfig(Section):
 
 class ReportConfig(Section):
     credit_oracle: bool = Field(True, description="score the run's own advantages against the environment's oracle "
-                                "(ROC-AUC, docs/credit-assignment.md: Oracle credit) in results/report/metrics.json; the "
-                                "report then replays every training episode (slow where the oracle plans, as "
+                                "(ROC-AUC, docs/credit-assignment.md: Oracle credit) in results/report/metrics.json; "
+                                "the report then replays every training episode (slow where the oracle plans, as "
                                 "ALFWorld's does); environments without an oracle skip it")
 
 
 class StageResources(Section):
-    """What one stage's cluster jobs ask for; a key left out keeps the registry's default (pipeline/workflow/registry.py)."""
+    """What one stage's cluster jobs ask for; a key left out keeps the registry's default
+    (pipeline/workflow/registry.py)."""
     threads: int | None = Field(None, ge=1, description="cores (SLURM: --cpus-per-task)")
     mem_mb: int | None = Field(None, ge=1, description="memory in MB (SLURM: --mem)")
     runtime: int | None = Field(None, ge=1, description="wall time in minutes (SLURM: -t)")
@@ -232,8 +226,8 @@ class RuntimeConfig(Section):
         "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, only "
         "the newest, which the next update resumes from; all, every one, so that any iteration can be rerun alone")
     resources: ResourcesConfig = Field(
-        ResourcesConfig(), description="per stage (init, rollout, update, ...; a sharded stage's shards take its entry): threads, "
-        "mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
+        ResourcesConfig(), description="per stage (init, rollout, update, ...; a sharded stage's shards take its "
+        "entry): threads, mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
     update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
                                   "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
     update_sharding: Literal["replicate", "fsdp"] = Field(
@@ -366,7 +360,7 @@ def apply_overrides(data: dict, sets: list[str], where: str = "--set") -> dict:
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ParamsError(f"{where} {item!r}: expected KEY=VALUE, e.g. credit.oprl.lr=2e-4")
+            raise ParamsError(f"{where} {item!r}: expected KEY=VALUE, e.g. update.lr=2e-4")
         node = data
         *parents, leaf = key.split(".")
         for part in parents:

@@ -23,7 +23,7 @@ def _norm(values: list[float], mode: str, ddof: int = 1) -> list[float]:
     return [(v - mean) / (std + EPS) for v in values]
 
 
-def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_mode: str = "mean_norm",
+def gigpo_naive(rows: list[dict], episode_mode: str = "mean_std_norm", step_mode: str = "mean_norm",
                     episode_stats: str = "per_turn", gamma: float = 0.95, weight: float = 1.0,
                     invalid_penalty: float = 0.1) -> dict:
     """GiGPO (docs/credit-assignment.md, GiGPO; Invalid actions) row by row. `rows`: dicts with episode_id, step,
@@ -80,7 +80,7 @@ def gigpo_reference(rows: list[dict], episode_mode: str = "mean_std_norm", step_
     return out
 
 
-def similarity_groups_reference(rows: list[dict], threshold: float) -> dict[tuple, int]:
+def similarity_groups_naive(rows: list[dict], threshold: float) -> dict[tuple, int]:
     """Greedy similarity clustering of anchors (docs/credit-assignment.md, GiGPO) the plain way: a new `SequenceMatcher`
     for every (anchor, cluster head) pair, every row looked at. `rows`: dicts with episode_id, step, task_group,
     anchor. Returns {(episode_id, step): cluster id}, ids numbered in order of first appearance."""

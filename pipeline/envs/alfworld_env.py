@@ -121,10 +121,7 @@ class AlfWorldEnv:
 
     def _start(self, path: str):
         import textworld  # optional: textworld
-        from alfworld.agents.environment.alfred_tw_env import (
-            AlfredDemangler,
-            AlfredInfos,
-        )  # optional: alfworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos  # optional: alfworld
 
         if self.env is not None:
             self.env.close()

@@ -141,7 +141,8 @@ def write_games(out: Path, split: str, count: int, seed: int, task_types: list[i
         problem, params = make_game(task_type, rng)
         room = 900 + i
         trial = f"trial_T{seed:04d}{i:04d}_{split}"
-        folder = out / split / f"{TASK_TYPES[task_type]}-{params['object_target']}-None-{params['parent_target']}-{room}" / trial
+        name = f"{TASK_TYPES[task_type]}-{params['object_target']}-None-{params['parent_target']}-{room}"
+        folder = out / split / name / trial
         folder.mkdir(parents=True, exist_ok=True)
         traj = {"task_type": TASK_TYPES[task_type], "pddl_params": params, "scene": {"scene_num": room},
                 "task_id": trial, "turk_annotations": {"anns": []}}

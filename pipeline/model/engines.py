@@ -19,15 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
-from pipeline.model.policy import (
-    Generation,
-    adapter_base,
-    generate,
-    is_adapter,
-    load_policy,
-    mix_seed,
-    resolve_device,
-)
+from pipeline.model.policy import Generation, adapter_base, generate, is_adapter, load_policy, mix_seed, resolve_device
 
 # head sizes vLLM's CPU attention kernels accept (vLLM 0.32: csrc/cpu/attention)
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)

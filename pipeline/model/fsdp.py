@@ -1,11 +1,11 @@
 """FSDP2 for the update stage (`runtime.update_sharding: fsdp`): each of torchrun's processes keeps a 1/N shard of
 the weights, gradients and AdamW moments instead of a whole replica.
 
-Every decoder layer (the classes the model lists in `_no_split_modules`, as accelerate and TRL wrap them) and then
-the root become FSDP modules: a layer's weights are gathered for its forward and backward, and its gradients are
-reduce-scattered. FSDP averages them over the processes (gloo has no pre-scaled sum), so `ppo_update` scales
-each process's loss by N: the loss is already a mean over the whole minibatch, its gradient a sum of shares. The
-optimiser state is saved and restored in the same file format as an unsharded run's (`pipeline.model.adamw`), so runs and
+Every decoder layer (the classes the model lists in `_no_split_modules`, as accelerate and TRL wrap them) and then the
+root become FSDP modules: a layer's weights are gathered for its forward and backward, and its gradients are
+reduce-scattered. FSDP averages them over the processes (gloo has no pre-scaled sum), so `ppo_update` scales each
+process's loss by N: the loss is already a mean over the whole minibatch, its gradient a sum of shares. The optimiser
+state is saved and restored in the same file format as an unsharded run's (`pipeline.model.adamw`), so runs and
 iterations can switch between one process, replicas and shards.
 """
 

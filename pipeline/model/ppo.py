@@ -1,8 +1,9 @@
-"""PPO-clip on response tokens (docs/credit-assignment.md, "Policy update (all methods)").
+"""PPO-clip on response tokens (docs/credit-assignment.md, Policy update).
 
-`log π_old` is recomputed here from the rollout checkpoint, at the sampling temperature (the distribution the
-sampler drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token: `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip),
-token-mean over the minibatch, plus `kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
+`log π_old` is recomputed here from the rollout checkpoint, at the sampling temperature (the distribution the sampler
+drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token:
+`−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip), token-mean over the minibatch, plus
+`kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.model.distributed import (
-    Processes,
-    all_reduce_grads,
-    all_reduce_sums,
-    gather_shares,
-    share,
-)
+from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
 from pipeline.model.policy import pad_batch, token_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 

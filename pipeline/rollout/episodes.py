@@ -1,10 +1,10 @@
 """Play episodes with a policy: batched generation across every live episode, one row per turn.
 
-All episodes of a call advance together turn by turn. The episodes are cut into fixed blocks of `batch_size`
-(in the order given); each turn, the live episodes of a block are generated as one batch. Every response is
-sampled with its own seed, from (seed, episode, turn), and a block's batch holds the same episodes whichever other
-blocks run beside it, so a shard (`pipeline.rollout.shards`: whole blocks) writes exactly the rows the unsharded call writes
-for those episodes, bit for bit on CPU.
+All episodes of a call advance together turn by turn. The episodes are cut into fixed blocks of `batch_size` (in the
+order given); each turn, the live episodes of a block are generated as one batch. Every response is sampled with its
+own seed, from (seed, episode, turn), and a block's batch holds the same episodes whichever other blocks run beside
+it, so a shard (`pipeline.rollout.shards`: whole blocks) writes exactly the rows the unsharded call writes for those
+episodes, bit for bit on CPU.
 
 An exception in one episode's `env.step` ends that episode there: its last row is truncated, not executed
 (`action_valid` false, reward 0) and carries the error text in `env_error`; the other episodes go on.

@@ -1,7 +1,8 @@
 """Shards: the rollout and evaluate stages split into jobs that each play a contiguous slice of the episodes.
 
-A shard is whole blocks of `rollout.batch_size` episodes, the blocks `pipeline.rollout.episodes.play_episodes` batches by,
-so a shard generates exactly the batches the unsharded stage generates for its episodes (`pipeline.rollout.episodes`).
+A shard is whole blocks of `rollout.batch_size` episodes, the blocks `pipeline.rollout.episodes.play_episodes` batches
+by, so a shard generates exactly the batches the unsharded stage generates for its episodes
+(`pipeline.rollout.episodes`).
 """
 
 from __future__ import annotations

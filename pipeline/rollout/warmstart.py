@@ -25,12 +25,7 @@ import torch
 from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_action
 from pipeline.envs.base import has, make_env, require
-from pipeline.model.policy import (
-    encode_prompt,
-    encode_response,
-    pad_batch,
-    token_logprobs,
-)
+from pipeline.model.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.model.precision import Stepper
 from pipeline.rollout.prompts import build_prompt
 

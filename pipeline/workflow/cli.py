@@ -15,11 +15,7 @@ from pipeline.config.params import ParamsError, load_params
 from pipeline.data.paths import at, fill, strip_dir
 from pipeline.data.tables import TableError
 from pipeline.workflow import threads
-from pipeline.workflow.records import (
-    forget_snakemake_records,
-    job_outputs,
-    keep_snakemake_records,
-)
+from pipeline.workflow.records import forget_snakemake_records, job_outputs, keep_snakemake_records
 
 
 @dataclass

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Stand-ins for SLURM's sbatch, squeue, sacct, scancel, srun, sinfo and scontrol that run every job on this
-machine, for the test of snakemake-executor-plugin-slurm (tests/test_slurm.py). Called by the name of the tool
+machine, for the test of snakemake-executor-plugin-slurm (tests/e2e/test_slurm.py). Called by the name of the tool
 (a link to this file); the jobs' records live in $FAKE_SLURM_DIR/jobs/<id>.json.
 
 sbatch records its arguments, answers the job id (as `--parsable` does) and starts the job in the background:

@@ -12,14 +12,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.credit.base import (
-    Method,
-    Terms,
-    dense_keys,
-    episode_advantage,
-    group_norm,
-    register,
-)
+from pipeline.credit.base import Method, Terms, dense_keys, episode_advantage, group_norm, register
 from pipeline.data.section import Mode, Section
 
 

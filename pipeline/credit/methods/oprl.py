@@ -205,10 +205,7 @@ class ImplicitPRM(StepRewardModel):
         return self._state(prm, tok, Path(policy_dir) if cfg.lora is not None else None, cfg)
 
     def load(self, model_dir: Path, tables, params) -> PrmState:
-        from pipeline.model.policy import (  # start-up cost: torch
-            adapter_base,
-            load_policy,
-        )
+        from pipeline.model.policy import adapter_base, load_policy  # start-up cost: torch
 
         cfg = params.credit.oprl
         base = adapter_base(model_dir) if check_lora(model_dir, cfg.lora, "credit.oprl.lora") else None
@@ -217,7 +214,7 @@ class ImplicitPRM(StepRewardModel):
 
     @staticmethod
     def _state(prm, tok, base, cfg) -> PrmState:
-        from pipeline.model import adamw  # torch: start-up cost (module docstring)
+        from pipeline.model import adamw  # start-up cost: torch
 
         return PrmState(prm, tok, adamw.build(prm.parameters(), cfg.lr), base)
 

@@ -100,10 +100,7 @@ class ProgressEstimator:
         """The estimator `save` wrote: a whole body, or LoRA adapters on the initial policy's body."""
         import torch  # start-up cost: torch
 
-        from pipeline.model.policy import (  # start-up cost: torch
-            adapter_base,
-            is_adapter,
-        )
+        from pipeline.model.policy import adapter_base, is_adapter  # start-up cost: torch
 
         path = Path(path)
         if not (path / HEAD_FILE).is_file():
@@ -117,10 +114,7 @@ class ProgressEstimator:
     def _build(cls, path, dtype, device, wrap=None) -> ProgressEstimator:
         from transformers import AutoModel  # start-up cost: transformers
 
-        from pipeline.model.policy import (  # start-up cost: torch
-            load_weights,
-            resolve_device,
-        )
+        from pipeline.model.policy import load_weights, resolve_device  # start-up cost: torch
         from pipeline.model.precision import mark  # start-up cost: torch
 
         body = load_weights(path, dtype, train=True, auto_class=AutoModel)

@@ -3,7 +3,7 @@
 Each method starts from a copy of the GRPO run (shared fixture) with only `credit.method` changed, so the test also
 shows what reruns: Snakemake's dry run must plan the method's stages and everything downstream of the advantages,
 and never the initial policy or iteration 1's rollout and groups. The runs then execute concurrently. RLOO runs
-end to end in `tests/test_bench.py::test_learning_smoke`.
+end to end in `tests/e2e/test_bench.py::test_learning_smoke`.
 """
 
 import polars as pl
@@ -32,7 +32,8 @@ def test_method_runs_end_to_end(method_runs, method):
         steps = tables.read_table(d / f"results/iter_{it}/steps.parquet", tables.STEPS)
         adv = tables.read_table(d / f"results/iter_{it}/advantages.parquet", tables.ADVANTAGES)
         assert adv.height == steps.height and adv["advantage"].is_finite().all()
-        assert (adv["advantage"] - adv["episode_advantage"] - adv["step_advantage"] + adv["penalty"]).abs().max() < 1e-12
+        composed = adv["episode_advantage"] + adv["step_advantage"] - adv["penalty"]
+        assert (adv["advantage"] - composed).abs().max() < 1e-12
         assert adv["step_score"].null_count() == 0
         assert (d / f"results/iter_{it}/checkpoint/model.safetensors").is_file()
         assert (d / f"results/iter_{it}/eval_metrics.json").is_file()

@@ -1,14 +1,13 @@
 """SPA (docs/credit-assignment.md, SPA): its advantages on the hand-computed table, the progress estimator on fixed
-synthetic batches, and the fit stage's replay end to end."""
+synthetic batches (the fit stage's replay end to end: tests/e2e/test_learned_models.py)."""
 
 import numpy as np
 import pytest
 import torch
 
-from pipeline.credit.methods.spa import REPLAY, ProgressEstimator, SpaConfig, spa_loss, train_progress
-from pipeline.data import tables
-from tests.conftest import PAD, batch, tiny_llama
-from tests.test_credit_methods import advantages
+from pipeline.credit.methods.spa import ProgressEstimator, SpaConfig, spa_loss, train_progress
+from tests.conftest import PAD, ROOT, batch, tiny_llama
+from tests.unit.test_credit_methods import advantages
 
 
 def test_spa_advantages_by_hand():
@@ -62,7 +61,6 @@ def test_spa_replay_travels_beside_the_estimator_in_both_workflows():
     from pipeline.config.params import load_params
     from pipeline.workflow.dvcgen import render
     from pipeline.workflow.registry import STAGE_BY_NAME, deps_for
-    from tests.conftest import ROOT
 
     base = load_params(ROOT / "params.yaml")
     p = base.model_copy(update={"credit": base.credit.model_copy(update={"method": "spa"})})
@@ -72,17 +70,6 @@ def test_spa_replay_travels_beside_the_estimator_in_both_workflows():
     assert "results/iter_${item.it}/replay.parquet" in doc["fit"]["do"]["outs"]
     assert "results/iter_2/replay.parquet" in deps_for(STAGE_BY_NAME["fit"], p, 3)         # Snakemake's inputs
     assert "results/iter_3/replay.parquet" in STAGE_BY_NAME["fit"].outs_for(p)[-1].replace("{it}", "3")
-
-
-@pytest.mark.e2e
-def test_spa_replay_keeps_recent_iterations(method_runs):
-    d = method_runs[0]["spa"]
-    replay = tables.read_table(d / "results/iter_2/replay.parquet", REPLAY)
-    steps1 = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
-    steps2 = tables.read_table(d / "results/iter_2/steps.parquet", tables.STEPS)
-    assert sorted(replay["iteration"].unique().to_list()) == [1, 2]       # window of 3 holds both
-    assert replay.height == steps1.height + steps2.height
-    assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
 
 
 def test_spa_estimator_with_lora_trains_adapters_and_head_only(tmp_path):

@@ -84,16 +84,3 @@ def test_a_game_too_large_for_the_oracle_says_so(cache):
     env.reset(9)
     with pytest.raises(ValueError, match="more than env.oracle_max_states = 2 logic states"):
         env.oracle_distance()
-
-
-@pytest.mark.e2e
-def test_tiny_textworld_configuration_end_to_end(tmp_path):
-    from tests.conftest import run_env_config
-
-    run_env_config(tmp_path, "textworld.yaml")
-    games = list((tmp_path / "results/envs/textworld").rglob("*.z8"))
-    assert len(games) >= 4 + 2 + 4              # warm start, an iteration's training tasks, held-out tasks
-    import polars as pl
-
-    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
-    assert steps["prompt"][0].startswith("TextWorld. ") and "Admissible actions: [" in steps["prompt"][0]

@@ -6,8 +6,7 @@ import pytest
 import yaml
 
 from pipeline.config.params import Params, ParamsError, load_params
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def write(tmp_path, data) -> Path:

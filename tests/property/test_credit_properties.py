@@ -1,6 +1,5 @@
 """Properties of the estimators on random step tables (docs/credit-assignment.md, GiGPO and Terms), with Hypothesis."""
 
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -11,9 +10,9 @@ from pipeline.config.params import METHOD_NAMES, CreditConfig, load_params
 from pipeline.credit.base import discounted_returns
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import METHODS, compute_advantages
-from pipeline.credit.naive import gigpo_reference
+from pipeline.credit.naive import gigpo_naive
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 episode = st.tuples(
     st.lists(st.sampled_from("abcde"), min_size=1, max_size=6),                       # anchors
     st.lists(st.sampled_from([-1.0, -0.1, 0.0, 0.5, 1.0, 10.0]), min_size=6, max_size=6),  # rewards
@@ -89,7 +88,7 @@ def test_shuffling_rows_changes_no_advantage(groups, method, seed):
 def test_gigpo_equals_the_per_row_reference(groups, mode, stats, gamma):
     df = build(groups)
     out = compute_advantages(df, cfg("gigpo", {"mode": mode, "episode_stats": stats}, mode=mode, gamma=gamma))
-    ref = gigpo_reference(df.to_dicts(), mode, mode, stats, gamma, 1.0, 0.1)
+    ref = gigpo_naive(df.to_dicts(), mode, mode, stats, gamma, 1.0, 0.1)
     got = {(r["episode_id"], r["step"]): r["advantage"] for r in out.iter_rows(named=True)}
     assert got == pytest.approx(ref, abs=1e-9)
 
@@ -148,10 +147,10 @@ def test_discounted_returns_match_the_recursion(episodes, gamma):
 def test_similarity_grouping_equals_the_per_pair_reference(rows, threshold):
     from bench.similarity import same_partition
     from pipeline.credit.grouping import similarity_groups
-    from pipeline.credit.naive import similarity_groups_reference
+    from pipeline.credit.naive import similarity_groups_naive
 
     df = pl.DataFrame({"episode_id": list(range(len(rows))), "step": [0] * len(rows),
                        "task_group": [g for g, _ in rows], "anchor": [a for _, a in rows]})
-    ref = similarity_groups_reference(df.to_dicts(), threshold)
+    ref = similarity_groups_naive(df.to_dicts(), threshold)
     got = similarity_groups(df, threshold).to_list()
     assert same_partition(got, [ref[(e, 0)] for e in range(len(rows))])

@@ -11,7 +11,7 @@ import yaml
 
 from pipeline.data.tables import STEPS, write_table
 from pipeline.workflow.threads import ENV, configure
-from tests.test_tables import steps_frame
+from tests.unit.test_tables import steps_frame
 
 
 def test_configure_reads_the_params_file_before_validation(tmp_path, monkeypatch):
@@ -48,16 +48,3 @@ def test_a_stage_started_by_hand_runs_with_the_requested_threads(tmp_path):
         out, metrics = run_stage(tmp_path, "group", "--iteration", "1", env_threads=env_threads)
         assert f"{expected} threads (runtime.torch_threads {requested})" in out
         assert metrics["runtime/threads"] == metrics["runtime/polars_threads"] == expected
-
-
-@pytest.mark.e2e
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to tell 1 thread from all")
-def test_a_torch_stage_runs_with_the_requested_threads(tmp_path):
-    from tests.conftest import ROOT
-
-    params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
-    params["runtime"] = {"torch_threads": 1}
-    params["tracking"] = {"enabled": False}
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
-    _, metrics = run_stage(tmp_path, "init")
-    assert metrics["runtime/torch_threads"] == 1

@@ -11,11 +11,12 @@ import pytest
 from pipeline.config.params import Params
 from pipeline.data.seeds import task_seed
 from pipeline.envs.base import has, make_env
+from tests.conftest import ROOT
 
 pytest.importorskip("alfworld")
 pytest.importorskip("fast_downward")
 
-SHIPPED = Path(__file__).resolve().parents[1] / "data" / "alfworld" / "json_2.1.1"
+SHIPPED = ROOT / "data" / "alfworld" / "json_2.1.1"
 
 
 def alf_params(**env) -> Params:
@@ -166,17 +167,3 @@ def test_a_missing_data_path_is_named(tmp_path):
         env.reset(task_seed("train", 0, 1, 0))
     with pytest.raises(ValueError, match="env.task_types: unknown task types"):
         make_env(alf_params(task_types=[7]).env).reset(task_seed("train", 0, 1, 0))
-
-
-@pytest.mark.e2e
-def test_tiny_alfworld_configuration_end_to_end(tmp_path):
-    from tests.conftest import run_env_config
-
-    run_env_config(tmp_path, "alfworld.yaml", env={"max_turns": 6}, credit={"method": "gigpo"})
-    import polars as pl
-
-    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
-    assert steps["prompt"][0].startswith("ALFWorld. Your task is to: ") and "Admissible actions: [go to " in \
-        steps["prompt"][0]
-    held_out = pl.read_parquet(tmp_path / "results/iter_1/eval.parquet")
-    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4

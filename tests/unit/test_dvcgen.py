@@ -1,14 +1,12 @@
 """dvc.yaml is generated from the stage registry; the committed file must equal the generator's output."""
 
-from pathlib import Path
 
 import yaml
 
 from pipeline.config.params import load_params
 from pipeline.workflow.dvcgen import render
 from pipeline.workflow.registry import STAGE_BY_NAME, STAGES, code_for, enabled_stages
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def test_committed_dvc_yaml_matches_generator():
@@ -40,10 +38,12 @@ def test_code_dependencies_are_what_each_stage_imports():
     """Code deps come from the stage modules' imports (function-level ones too), less the plumbing; a registry
     package counts as all its modules. The credit methods are the advantages' and not the rollout's."""
     rollout, advantages = code_for(STAGE_BY_NAME["rollout"]), code_for(STAGE_BY_NAME["advantages"])
-    assert {"stages/rollout.py", "pipeline/rollout/episodes.py", "pipeline/model/engines.py", "pipeline/model/policy.py",
-            "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py", "pipeline/rollout/prompts.py"} <= set(rollout)
+    assert {"stages/rollout.py", "pipeline/rollout/episodes.py", "pipeline/model/engines.py",
+            "pipeline/model/policy.py", "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py",
+            "pipeline/rollout/prompts.py"} <= set(rollout)
     assert not any(f.startswith("pipeline/credit/methods/") for f in rollout)
-    assert {"pipeline/credit/methods/gigpo.py", "pipeline/credit/methods/spa.py", "pipeline/credit/grouping.py"} <= set(advantages)
+    assert {"pipeline/credit/methods/gigpo.py", "pipeline/credit/methods/spa.py",
+            "pipeline/credit/grouping.py"} <= set(advantages)
     assert "pipeline/config/params.py" not in advantages and "pipeline/workflow/tracking.py" not in rollout
     evaluate = code_for(STAGE_BY_NAME["evaluate"])   # evaluate plays with the rollout's code, not its stage's
     assert {"pipeline/rollout/episodes.py", "pipeline/rollout/shards.py"} <= set(evaluate)

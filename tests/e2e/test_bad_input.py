@@ -17,9 +17,10 @@ import polars as pl
 import pytest
 import yaml
 
+from tests.conftest import ROOT
+
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _set(col: str, row: int, value):
@@ -50,8 +51,8 @@ TABLE_CASES = {   # table -> case -> (edit of the frame, or TRUNCATE / REMOVE; w
     },
     "groups": {
         "missing turns": (_drop_rows(0, 5), "does not cover the turns of"),
-        "extra turn": (lambda df: pl.concat([df, df.head(1).with_columns(pl.lit(10**15, pl.Int64).alias("episode_id"))]),
-                       "1 turns that"),
+        "extra turn": (lambda df: pl.concat([df, df.head(1).with_columns(
+            pl.lit(10**15, pl.Int64).alias("episode_id"))]), "1 turns that"),
         "duplicated turn": (lambda df: pl.concat([df, df.slice(1, 1)]), "appears more than once"),
         "truncated file": (TRUNCATE, "not a readable Parquet file"),
         "missing file": (REMOVE, "table not found"),

@@ -12,7 +12,6 @@ import pytest
 
 from tests.conftest import dvc_repo, sh
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
 

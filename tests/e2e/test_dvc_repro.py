@@ -8,7 +8,6 @@ import yaml
 
 from tests.conftest import dvc_repo, sh
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.e2e

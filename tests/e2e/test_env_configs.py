@@ -1,0 +1,29 @@
+"""The TextWorld and ALFWorld configurations end to end at the tiny test sizes: every stage, 1 iteration, evaluation
+before and after (the environments' own rules are tests/unit/test_textworld.py and test_alfworld.py)."""
+
+import pytest
+
+from tests.conftest import run_env_config
+
+
+@pytest.mark.e2e
+def test_tiny_textworld_configuration_end_to_end(tmp_path):
+    run_env_config(tmp_path, "textworld.yaml")
+    games = list((tmp_path / "results/envs/textworld").rglob("*.z8"))
+    assert len(games) >= 4 + 2 + 4              # warm start, an iteration's training tasks, held-out tasks
+    import polars as pl
+
+    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
+    assert steps["prompt"][0].startswith("TextWorld. ") and "Admissible actions: [" in steps["prompt"][0]
+
+
+@pytest.mark.e2e
+def test_tiny_alfworld_configuration_end_to_end(tmp_path):
+    run_env_config(tmp_path, "alfworld.yaml", env={"max_turns": 6}, credit={"method": "gigpo"})
+    import polars as pl
+
+    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
+    assert steps["prompt"][0].startswith("ALFWorld. Your task is to: ") and "Admissible actions: [go to " in \
+        steps["prompt"][0]
+    held_out = pl.read_parquet(tmp_path / "results/iter_1/eval.parquet")
+    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4
