@@ -7,7 +7,6 @@ turns in non-singleton groups.
 from __future__ import annotations
 
 from pipeline.credit.grouping import build_groups, group_size_distribution
-from pipeline.credit.methods import history_depth
 from pipeline.data import paths, tables
 from pipeline.workflow.cli import parse_args, stage_errors
 from pipeline.workflow.tracking import Tracker
@@ -17,7 +16,7 @@ def main(argv=None) -> None:
     ctx = parse_args("group", per_iteration=True, argv=argv)
     with stage_errors(ctx), Tracker(ctx.params, "group", ctx.iteration) as tracker:
         steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS)
-        depth = history_depth(ctx.params.credit, ctx.params.prompt.history_turns)
+        depth = ctx.params.credit.history_depth(ctx.params.prompt.history_turns)
         groups = build_groups(steps, depth)
         tables.write_table(groups, ctx.path(paths.GROUPS), tables.GROUPS)
         dist = group_size_distribution(groups)

@@ -94,6 +94,17 @@ def grpo_run(tmp_path_factory) -> Path:
 
 
 # each continues the shared GRPO run; RLOO, GRPO's leave-one-out twin, runs end to end in test_bench's learning smoke
+SHARED_RUNS = {"grpo_run", "method_runs"}   # built once per worker: their tests run on one worker (xdist group)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that reads the shared tiny runs goes to one xdist worker, which builds them once; the other worker
+    takes the rest meanwhile."""
+    for item in items:
+        if SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared_runs"))
+
+
 SHARED_RUN_METHODS = tuple(m for m in METHODS if m not in ("grpo", "rloo"))
 JOB = re.compile(r"-m stages\.(\w+) --params \S+(?: --iteration (\d+))?(?: --shard (\d+))?")
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
-from pipeline.credit.methods import METHODS, EpisodeConfig, Method
+from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
 from pipeline.data.section import LoraSettings, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
 from pipeline.envs.base import registered as registered_envs
@@ -144,6 +144,10 @@ class _CreditBase(Section):
     @property
     def needs_fit(self) -> bool:
         return self.method_def.fits
+
+    def history_depth(self, history_turns: int) -> int:
+        """How many anchors deep the group stage keys history groups (`pipeline.credit.methods.history_depth`)."""
+        return history_depth(self, history_turns)
 
 
 # `credit.<method>` for every registered method: each method module declares its own section.

@@ -64,10 +64,10 @@ class Method:
     step_weight: str | None = None                 # the key of `config` weighting the step term (0: A^E alone)
     reward_model: StepRewardModel | None = None    # a learned per-turn score, fitted by the fit stage
     order: int = 100                               # position in listings
-    # how many anchors deep the group stage keys `history_groups` for this method, from its section and
-    # `prompt.history_turns` (HGPO); None: the method reads no history groups
-    history_depth: Callable[[Section, int], int] | None = None
-    history_keys: tuple[str, ...] = ()             # keys of its section that decide `history_depth`
+    # how many anchors deep the method reads `history_groups`: a number, or the key of its section that holds it
+    # (HGPO's `depth`; null there: prompt.history_turns + 1). Declared, not computed, so that the group stage's keys
+    # follow from params alone. None: the method reads no history groups
+    history_depth: int | str | None = None
 
     @property
     def fits(self) -> bool:

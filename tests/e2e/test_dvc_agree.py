@@ -53,8 +53,8 @@ def test_after_snakemake_dvc_is_up_to_date_and_reruns_only_the_method(repo):
 
 
 def test_editing_a_credit_method_marks_advantages_and_later_in_both(repo):
-    module = repo / "pipeline" / "methods" / "gigpo.py"
-    rollout = repo / "stages" / "rollout.py"
+    module = repo / "pipeline" / "credit" / "methods" / "gigpo.py"
+    rollout = repo / "pipeline" / "rollout" / "episodes.py"
     kept = {p: (p.read_text(), p.stat()) for p in (module, rollout)}
     module.write_text(module.read_text() + "\n# an edit\n")
     # Snakemake plans the stage and what follows; DVC marks the stage, and reruns what follows only where the
@@ -62,7 +62,7 @@ def test_editing_a_credit_method_marks_advantages_and_later_in_both(repo):
     assert planned_jobs(repo) == {"advantages@1", "update@1", "evaluate@1", "report"}
     assert stale_in_dvc(repo) == {"advantages@1"}
     rollout.write_text(rollout.read_text() + "\n# an edit\n")
-    # evaluate plays episodes with stages.rollout's code too; init does not run it
+    # evaluate plays episodes with the rollout's code too; init does not run it
     assert planned_jobs(repo) == {"rollout@1", "group@1", "advantages@1", "update@1", "evaluate@0", "evaluate@1",
                                   "report"}
     assert stale_in_dvc(repo) == {"advantages@1", "rollout@1", "evaluate@0", "evaluate@1"}

@@ -109,10 +109,13 @@ def test_a_method_asks_for_its_grouping_depth_through_its_registry_entry(monkeyp
     them to the chosen method's own depth and refuses a group table of another depth."""
     credit = SimpleNamespace(method="deep", deep=_DepthConfig(), hgpo=SimpleNamespace(depth=None))
     monkeypatch.setitem(METHODS, "deep", Method("deep", "test", _DepthConfig, _terms, columns=("history_groups",),
-                                                history_depth=lambda cfg, k: 5, history_keys=()))
+                                                history_depth=5))
     assert history_depth(credit, 2) == 5                     # HGPO asks for K + 1 = 3, the new method for 5
+    credit.hgpo.depth = 7
+    assert history_depth(credit, 2) == 7                     # HGPO's own key says 7
+    credit.hgpo.depth = None
     monkeypatch.setitem(METHODS, "deep", Method("deep", "test", _DepthConfig, _terms, columns=("history_groups",),
-                                                history_depth=lambda cfg, k: 2))
+                                                history_depth=2))
     assert history_depth(credit, 2) == 3                     # never below K + 1
     table = pl.DataFrame({"history_groups": [[1, 2, 3], [4, 5, 6]]})
     assert own_history(table, credit, 2, "g")["history_groups"].to_list() == [[1, 2], [4, 5]]

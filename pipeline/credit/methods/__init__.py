@@ -34,18 +34,26 @@ def compute_advantages(steps, credit):
     return compute(method, steps, getattr(credit, method.name), credit.episode, credit.invalid_penalty)
 
 
+def method_depth(method: Method, cfg, history_turns: int) -> int | None:
+    """How deep `method` reads history groups under its section `cfg` (`Method.history_depth`); None: not at all."""
+    d = method.history_depth
+    if isinstance(d, str):
+        return getattr(cfg, d) or history_turns + 1
+    return d
+
+
 def history_depth(credit, history_turns: int) -> int:
-    """How many anchors deep the group stage keys `history_groups`: the deepest any registered method asks for
-    under these params (`Method.history_depth`), at least K + 1 for K = `prompt.history_turns`. Every method's
-    request counts, not only the chosen one's, so that the group stage's output does not depend on the method."""
-    asked = [m.history_depth(getattr(credit, m.name), history_turns) for m in METHODS.values()
+    """How many anchors deep the group stage keys `history_groups`: the deepest any registered method reads under
+    these params, at least K + 1 for K = `prompt.history_turns`. Every method counts, not only the chosen one, so
+    that the group stage's output does not depend on the method (docs/architecture.md)."""
+    asked = [method_depth(m, getattr(credit, m.name), history_turns) for m in METHODS.values()
              if m.history_depth is not None]
     return max([history_turns + 1, *asked])
 
 
 def history_params() -> list[str]:
     """The params keys that decide `history_depth` (the group stage's params)."""
-    return [f"credit.{m.name}.{k}" for m in METHODS.values() for k in m.history_keys]
+    return [f"credit.{m.name}.{m.history_depth}" for m in METHODS.values() if isinstance(m.history_depth, str)]
 
 
 def own_history(table, credit, history_turns: int, where: str):
@@ -58,7 +66,7 @@ def own_history(table, credit, history_turns: int, where: str):
     if have != want:
         raise ValueError(f"{where}: history_groups hold {have} depths, these params ask for {want} "
                          f"(credit.{method.name}); rerun the group stage")
-    own = method.history_depth(getattr(credit, method.name), history_turns)
+    own = method_depth(method, getattr(credit, method.name), history_turns)
     return table if own == want else table.with_columns(pl.col("history_groups").list.head(own))
 
 

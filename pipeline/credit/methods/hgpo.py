@@ -48,11 +48,6 @@ def terms(t, cfg, episode) -> Terms:
     return Terms(ep, G, cfg.step_advantage_w * step)
 
 
-def history_depth(cfg: HgpoConfig, history_turns: int) -> int:
-    """K + 1 anchors deep (docs/credit-assignment.md, HGPO), K = prompt.history_turns, unless `depth` says."""
-    return cfg.depth or history_turns + 1
-
-
 METHOD = register(Method("hgpo", "A^E + ω Σ_k w_k norm(G_t; task group + last k anchors)", HgpoConfig, terms,
                          columns=("history_groups",), step_weight="step_advantage_w", order=3,
-                         history_depth=history_depth, history_keys=("depth",)))
+                         history_depth="depth"))   # K + 1 anchors deep unless `depth` says
