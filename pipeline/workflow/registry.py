@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -132,6 +133,10 @@ class Stage:
 
 
 _fitting = [m for m in METHODS.values() if m.fits]
+# the modules of the methods that declare a grouping depth: the group stage's keys depend on them (not on the others)
+_ROOT = Path(__file__).resolve().parents[2]
+_history_code = tuple(sorted(str(Path(inspect.getfile(m.terms)).resolve().relative_to(_ROOT))
+                             for m in METHODS.values() if m.history_depth is not None))
 # each fitting method's own section, and the tables it keeps beside its model (SPA's replay), from the method registry
 _method_section = tuple(When(f"credit.{m.name}", method_is(m.name)) for m in _fitting)
 # the keys that decide what reward_init builds: whether the model is LoRA adapters (and their shape)
@@ -157,6 +162,7 @@ STAGES: tuple[Stage, ...] = (
           loads_model=True,
           shards=lambda p: p.rollout.shards),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", *history_params()),
+          code=_history_code,
           mem_mb=2000, runtime=30),
     # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
@@ -288,7 +294,7 @@ def resources_for(stage: Stage, params: Params) -> dict[str, int]:
     return out
 
 
-CODE_ROOT = Path(__file__).resolve().parents[2]   # the checkout whose `pipeline` and `stages` run the stages
+CODE_ROOT = _ROOT   # the checkout whose `pipeline` and `stages` run the stages
 # Modules every stage imports for its plumbing (params schema, this registry, command line, MLflow, threads); a
 # change to them changes outputs only through params, which are dependencies of their own.
 PLUMBING = frozenset({"pipeline.config.params", "pipeline.workflow.registry", "pipeline.workflow.cli",

@@ -48,6 +48,8 @@ def test_code_dependencies_are_what_each_stage_imports():
     evaluate = code_for(STAGE_BY_NAME["evaluate"])   # evaluate plays with the rollout's code, not its stage's
     assert {"pipeline/rollout/episodes.py", "pipeline/rollout/shards.py"} <= set(evaluate)
     assert "stages/rollout.py" not in evaluate
+    group = code_for(STAGE_BY_NAME["group"])         # HGPO declares the depth of the keys; the others do not
+    assert "pipeline/credit/methods/hgpo.py" in group and "pipeline/credit/methods/gigpo.py" not in group
     fit = code_for(STAGE_BY_NAME["fit"])             # the learned step-reward models live in their methods
     assert {"pipeline/credit/methods/oprl.py", "pipeline/credit/methods/spa.py"} <= set(fit)
 
