@@ -6,7 +6,7 @@ import polars as pl
 
 from pipeline.credit.methods import compute_advantages, own_history
 from pipeline.data import paths, tables
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
@@ -33,7 +33,7 @@ def advantages_excluding_env_errors(table: pl.DataFrame, credit) -> pl.DataFrame
 def main(argv=None) -> None:
     ctx = parse_args("advantages", per_iteration=True, argv=argv)
     p = ctx.params
-    with stage_errors(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
+    with stage_job(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
         steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).drop("task_group")
         groups = tables.read_table(ctx.path(paths.GROUPS), tables.GROUPS)
         tables.check_same_turns(steps, ctx.path(paths.STEPS), groups, ctx.path(paths.GROUPS), "group")

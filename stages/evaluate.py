@@ -32,7 +32,7 @@ from pipeline.envs.base import has, make_env
 from pipeline.model.engines import open_sampler
 from pipeline.rollout.episodes import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.rollout.shards import merge_shards, shard_of, shard_options
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
@@ -115,7 +115,7 @@ def main(argv=None) -> None:
     elif a.shard is not None:
         play_shard(ctx)
     else:
-        with stage_errors(ctx), Tracker(ctx.params, "evaluate", ctx.iteration) as tracker:
+        with stage_job(ctx), Tracker(ctx.params, "evaluate", ctx.iteration) as tracker:
             evaluate(ctx.params, ctx.path(paths.CHECKPOINT), ctx.iteration, ctx.path(paths.EVAL),
                      ctx.path(paths.EVAL_METRICS), tracker, ctx.log)
 
@@ -128,7 +128,7 @@ def usage_error(msg: str) -> None:
 def merge(ctx) -> None:
     """The merge job: the shards' step tables into the episode table and metrics."""
     p, it = ctx.params, ctx.iteration
-    with stage_errors(ctx), Tracker(p, "evaluate", it) as tracker:
+    with stage_job(ctx), Tracker(p, "evaluate", it) as tracker:
         files = [ctx.path(paths.shard_table("evaluate"), shard=k) for k in range(p.evaluate.shards)]
         summarize(p, merge_shards(files, ctx.log), it, ctx.path(paths.EVAL), ctx.path(paths.EVAL_METRICS),
                   tracker, ctx.log)
@@ -137,7 +137,7 @@ def merge(ctx) -> None:
 def play_shard(ctx) -> None:
     """A shard job: its slice of the held-out episodes into its shard's step table."""
     p, it, shard = ctx.params, ctx.iteration, ctx.args.shard
-    with stage_errors(ctx):
+    with stage_job(ctx):
         specs = shard_of(eval_specs(p), shard, p.evaluate.shards, p.rollout.batch_size,
                          p.evaluate.episodes_per_task, "evaluate.shards")
         ctx.log(f"{len(specs)} held-out episodes: shard {shard} of {p.evaluate.shards}")
@@ -151,7 +151,7 @@ def evaluate_only(ctx) -> None:
     """Evaluation only: any local checkpoint into the folder `--out`, with an MLflow run named after it."""
     p, a = ctx.params, ctx.args
     it = ctx.iteration = ctx.iteration if ctx.iteration is not None else 0
-    with stage_errors(ctx):
+    with stage_job(ctx):
         if not a.checkpoint.is_dir():
             raise FileNotFoundError(f"--checkpoint {a.checkpoint}: no such folder")
         a.out.mkdir(parents=True, exist_ok=True)

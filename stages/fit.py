@@ -16,14 +16,14 @@ from pipeline.credit.methods import get
 from pipeline.credit.reward_model import OPTIMIZER, fit_iteration, load_state, save_state
 from pipeline.data import paths, tables
 from pipeline.model import adamw
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("fit", per_iteration=True, argv=argv)
     p, it = ctx.params, ctx.iteration
-    with stage_errors(ctx), Tracker(p, "fit", it) as tracker:
+    with stage_job(ctx), Tracker(p, "fit", it) as tracker:
         model = get(p.credit.method).reward_model
         if model is None:
             raise ValueError(f"credit.method {p.credit.method!r} has no learned step-reward model to fit")

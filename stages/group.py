@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pipeline.credit.grouping import build_groups, group_size_distribution
 from pipeline.data import paths, tables
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("group", per_iteration=True, argv=argv)
-    with stage_errors(ctx), Tracker(ctx.params, "group", ctx.iteration) as tracker:
+    with stage_job(ctx), Tracker(ctx.params, "group", ctx.iteration) as tracker:
         steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS)
         depth = ctx.params.credit.history_depth(ctx.params.prompt.history_turns)
         groups = build_groups(steps, depth)

@@ -15,14 +15,14 @@ from pipeline.envs.base import spec_of
 from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
 from pipeline.model.precision import mark
 from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("init", per_iteration=False, argv=argv)
     p = ctx.params
-    with stage_errors(ctx), Tracker(p, "init", None) as tracker:
+    with stage_job(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path:
             ctx.log(f"loading local model folder {p.policy.path}")
             model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device, train=True)

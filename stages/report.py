@@ -14,7 +14,7 @@ from pipeline.data import paths
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 from pipeline.envs.base import has, make_env
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.registry import iterations
 from pipeline.workflow.tracking import Tracker
 
@@ -70,7 +70,7 @@ def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:
 def main(argv=None) -> None:
     ctx = parse_args("report", per_iteration=False, argv=argv)
     p = ctx.params
-    with stage_errors(ctx):
+    with stage_job(ctx):
         tracker = Tracker(p, "report", None)
         curve = load_curve(p)
         csv_path, png_path = (ctx.path(x) for x in paths.REPORT)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pipeline.credit.methods import get
 from pipeline.credit.reward_model import save_state
 from pipeline.data import paths
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
 def main(argv=None) -> None:
     ctx = parse_args("reward_init", per_iteration=False, argv=argv)
     p = ctx.params
-    with stage_errors(ctx), Tracker(p, "reward_init", None):
+    with stage_job(ctx), Tracker(p, "reward_init", None):
         model = get(p.credit.method).reward_model
         if model is None:
             raise ValueError(f"credit.method {p.credit.method!r} has no learned step-reward model; nothing to "

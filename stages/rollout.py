@@ -19,7 +19,7 @@ from pipeline.data.seeds import stage_seed, task_seed
 from pipeline.model.engines import open_sampler
 from pipeline.rollout.episodes import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.rollout.shards import merge_shards, shard_of, shard_options
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 
@@ -53,13 +53,13 @@ def main(argv=None) -> None:
     ctx = parse_args("rollout", per_iteration=True, argv=argv, options=shard_options)
     p, it, shard = ctx.params, ctx.iteration, ctx.args.shard
     if ctx.args.merge:
-        with stage_errors(ctx), Tracker(p, "rollout", it) as tracker:
+        with stage_job(ctx), Tracker(p, "rollout", it) as tracker:
             files = [ctx.path(paths.shard_table("rollout"), shard=k) for k in range(p.rollout.shards)]
             finish(ctx, merge_shards(files, ctx.log), tracker)
         return
     name, run_name = (("rollout", None) if shard is None
                       else (f"rollout_shard{shard}", f"rollout[{it}] shard {shard}/{p.rollout.shards}"))
-    with stage_errors(ctx), Tracker(p, name, it, run_name=run_name) as tracker:
+    with stage_job(ctx), Tracker(p, name, it, run_name=run_name) as tracker:
         specs = training_specs(p, it)
         if shard is not None:
             specs = shard_of(specs, shard, p.rollout.shards, p.rollout.batch_size, p.rollout.group_size,

@@ -28,7 +28,7 @@ from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
 from pipeline.model.policy import load_policy, load_trainable, save_policy
 from pipeline.model.ppo import ppo_update, shared_logprobs
-from pipeline.workflow.cli import parse_args, stage_errors
+from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
 OPTIMIZER = "policy"   # results/iter_i/optimizer/policy.pt
@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     procs = start_processes(p.runtime.device)
     if procs.rank:
         ctx.log = lambda msg: None
-    with stage_errors(ctx), (Tracker(p, "update", it) if procs.rank == 0 else nullcontext(_Silent())) as tracker:
+    with stage_job(ctx), (Tracker(p, "update", it) if procs.rank == 0 else nullcontext(_Silent())) as tracker:
         turns = read_turns(ctx)
         seed = stage_seed("update", p.seed, it)
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,

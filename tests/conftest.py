@@ -97,6 +97,7 @@ def grpo_run(tmp_path_factory) -> Path:
 SHARED_RUNS = {"grpo_run", "method_runs"}   # built once per worker: their tests run on one worker (xdist group)
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Every test that reads the shared tiny runs goes to one xdist worker, which builds them once; the other worker
     takes the rest meanwhile."""

@@ -72,10 +72,13 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
 
 
 @contextmanager
-def stage_errors(ctx: StageContext):
-    """Turn the errors a user can cause into one clear line and exit status 1 (no traceback noise). On success,
-    keep Snakemake's records of outputs made again byte for byte (`keep_snakemake_records`), else forget them
-    (`forget_snakemake_records`); under torchrun process 0 alone does this."""
+def stage_job(ctx: StageContext):
+    """The frame of a stage's job, its two duties:
+
+    - the errors a user can cause become one clear line and exit status 1 (no traceback noise);
+    - on success, Snakemake's records of the job's outputs are kept right for a run by DVC
+      (`pipeline.workflow.records`: brought up to date where the outputs are those Snakemake made, else
+      forgotten); under torchrun process 0 alone does this."""
     try:
         yield
         if int(os.environ.get("RANK", "0")) == 0 and not keep_snakemake_records(ctx):
