@@ -32,7 +32,7 @@ def log_run(name: str, params: dict, metrics: dict[str, float], artifacts: list[
     unavailable the benchmark's CSV and PNG are still on disk; this warns and returns None.
     """
     try:
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param  # start-up cost: MLflow
 
         client, exp_id = open_experiment(root)
         run = client.create_run(exp_id, run_name=f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",

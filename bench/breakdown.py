@@ -24,6 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
+from bench import log_run
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 
@@ -169,7 +170,6 @@ def run(run_dir: Path, out_dir: Path, log: bool = True) -> tuple[pl.DataFrame, d
           f"per iteration)")
     print(f"wrote {out_dir / 'breakdown.csv'}, {out_dir / 'breakdown_summary.csv'} and {out_dir / 'breakdown.png'}")
     if log:
-        from bench import log_run
 
         log_run("breakdown", {"run": str(run_dir.resolve())}, facts,
                 [out_dir / "breakdown.csv", out_dir / "breakdown_summary.csv", out_dir / "breakdown.png"])

@@ -28,14 +28,22 @@ import argparse
 import base64
 import html
 import json
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from bench import log_run
+from bench.breakdown import collect
+from bench.learning import plot, summarise
 from pipeline.config.params import load_params
+from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import figure_base64, pyplot
 from pipeline.data.tables import ADVANTAGES, GROUPS, read_table, write_text_atomic
+from pipeline.envs.base import has, make_env
+from pipeline.workflow.registry import param_value
 
 SIZE_BINS = (("singleton", 1, 1), ("2-5", 2, 5), ("6-9", 6, 9), ("10+", 10, None))
 
@@ -64,7 +72,6 @@ class Run:
         self.results = self.folder / self.params.run.dir
         if not (self.results / "iter_0" / "eval_metrics.json").is_file():
             raise FileNotFoundError(f"{self.results}: no iter_0/eval_metrics.json; run the workflow there first")
-        from pipeline.workflow.registry import param_value
 
         try:
             value = param_value(self.params, group_by)
@@ -88,8 +95,6 @@ def curves(runs: list[Run]) -> pl.DataFrame:
 def credit(runs: list[Run]) -> pl.DataFrame | None:
     """Oracle credit quality per run and iteration (`pipeline.credit.oracle.run_credit`); None when the environment
     has no oracle."""
-    from pipeline.credit.oracle import run_credit
-    from pipeline.envs.base import has, make_env
 
     if not all(has(make_env(r.params.env), "oracle_distance") for r in runs):
         return None
@@ -115,7 +120,6 @@ def terms(runs: list[Run]) -> pl.DataFrame:
 
 
 def times(runs: list[Run]) -> pl.DataFrame:
-    from bench.breakdown import collect
 
     return pl.concat([collect(r.results).with_columns(pl.lit(r.method).alias("method"), pl.lit(r.label).alias("run"))
                       for r in runs])
@@ -231,9 +235,7 @@ def plot_times(tm: pl.DataFrame, colors) -> str:
 
 
 def plot_curves(cv: pl.DataFrame) -> str:
-    import tempfile
 
-    from bench.learning import plot
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "curves.png"
@@ -297,7 +299,6 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
 
 
 def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame, list[Run]]:
-    from bench.learning import summarise
 
     runs = [Run(f, group_by) for f in folders]
     for r in runs:          # folders of the same name (W/s0/grpo, W/s1/grpo): their parent tells them apart
@@ -341,13 +342,11 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
 
 def log_mlflow(runs: list[Run], report: Path, summary: pl.DataFrame, cv: pl.DataFrame) -> str | None:
     """A parent run holding the page, with one child run per compared run (its folder, method, seed, curve)."""
-    import time
 
-    from bench import log_run
 
     def child(r: Run):
         def add(client, exp_id, parent):
-            from mlflow.entities import Metric, Param
+            from mlflow.entities import Metric, Param  # start-up cost: MLflow
 
             folder = str(r.results.resolve())
             rid = client.create_run(exp_id, run_name=r.label, tags={

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bench import log_run
 from pipeline.config.params import METHOD_NAMES, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import METHODS, compute_advantages, history_depth
@@ -37,7 +38,7 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str
                   ) -> tuple[dict[int, pl.DataFrame], list[dict]]:
     """Replay the fit stage of `method` (one with a step-reward model) over the run's iterations, from its initial
     policy, exactly as the fit stage calls it; returns the scores per iteration and the fit statistics."""
-    from pipeline.credit.reward_model import fit_iteration
+    from pipeline.credit.reward_model import fit_iteration  # start-up cost: torch
 
     model = METHODS[method].reward_model
     p = params.model_copy(update={"credit": params.credit.model_copy(update={"method": method})})
@@ -104,7 +105,6 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     plot(df, per_it_df, files[2], f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
     print("wrote " + ", ".join(str(f) for f in files))
     if log:
-        from bench import log_run
 
         metrics = {}
         for r in rows:

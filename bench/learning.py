@@ -35,7 +35,9 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from bench import log_run
 from pipeline.config.params import METHOD_NAMES, apply_overrides, load_params, with_overrides
+from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 
@@ -111,7 +113,6 @@ def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
 
 def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
     """The oracle credit quality of every run's own advantages, per iteration (`pipeline.credit.oracle.run_credit`)."""
-    from pipeline.credit.oracle import run_credit
 
     frames = [run_credit(work / f"{m}_s{s}" / "results", load_params(work / f"{m}_s{s}" / "params.yaml"))
               .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")) for m in methods for s in seeds]
@@ -214,7 +215,6 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
         if vs.height:
             print(vs)
     if log:
-        from bench import log_run
 
         metrics = {f"{r['method']}_{k}": r[k] for r in table.iter_rows(named=True)
                    for k in ("final_mean", "best_mean", "auc_mean", "gain_mean", "oracle_auc_step_term")

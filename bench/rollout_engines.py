@@ -31,7 +31,10 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.config.params import Params
+from pipeline.data.section import LoraSettings
 from pipeline.data.tables import write_text_atomic
+from pipeline.envs.base import make_env
 
 SHAPES = {
     "tiny": dict(arch="llama", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
@@ -45,12 +48,11 @@ SHAPES = {
 
 def build_model(name: str, folder: Path) -> Path:
     """A random-weight model folder of the named shape, with a tokenizer trained on Sokoban text."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import torch  # start-up cost: torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # start-up cost: torch
 
-    from pipeline.config.params import Params
-    from pipeline.model.policy import train_tokenizer
-    from pipeline.rollout.warmstart import tokenizer_corpus
+    from pipeline.model.policy import train_tokenizer  # start-up cost: torch
+    from pipeline.rollout.warmstart import tokenizer_corpus  # start-up cost: torch
 
     if (folder / "config.json").is_file():
         return folder
@@ -72,10 +74,9 @@ def build_model(name: str, folder: Path) -> Path:
 def lora_checkpoint(base: Path, folder: Path, r: int = 16) -> Path:
     """A LoRA checkpoint (r, all linear layers, random B so that it changes the policy) on the model folder `base`,
     as the update stage writes one."""
-    import torch
+    import torch  # start-up cost: torch
 
-    from pipeline.data.section import LoraSettings
-    from pipeline.model.policy import load_policy, save_policy, with_lora
+    from pipeline.model.policy import load_policy, save_policy, with_lora  # start-up cost: torch
 
     if (folder / "adapter_config.json").is_file():
         return folder
@@ -92,11 +93,9 @@ def lora_checkpoint(base: Path, folder: Path, r: int = 16) -> Path:
 
 
 def measure(folder: Path, engine: str, dtype: str, episodes: int, turns: int, new_tokens: int) -> dict:
-    from pipeline.config.params import Params
-    from pipeline.envs.base import make_env
-    from pipeline.model.engines import open_sampler
-    from pipeline.model.policy import encode_prompt
-    from pipeline.rollout.episodes import EpisodeSpec, play_episodes
+    from pipeline.model.engines import open_sampler  # start-up cost: torch
+    from pipeline.model.policy import encode_prompt  # start-up cost: torch
+    from pipeline.rollout.episodes import EpisodeSpec, play_episodes  # start-up cost: torch
 
     vllm_lora = "adapter" if engine == "vllm-adapter" else "merged"
     p = Params.model_validate({"policy": {"dtype": dtype, "max_new_tokens": new_tokens},

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from pipeline.config.params import Params
 from pipeline.data.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +85,9 @@ def throughput(work: Path, base: dict, shards: list[int], batch: int, tasks: int
 
 def batch_shape(work: Path, base: dict, batch: int, tasks: int | None) -> dict:
     """Play the same episodes in one batch and in batches of `batch`; compare."""
-    from pipeline.config.params import Params
-    from pipeline.model.engines import open_sampler
-    from pipeline.rollout.episodes import play_with_params
-    from stages.rollout import training_specs
+    from pipeline.model.engines import open_sampler  # start-up cost: torch
+    from pipeline.rollout.episodes import play_with_params  # start-up cost: torch
+    from stages.rollout import training_specs  # start-up cost: torch
 
     p = Params.model_validate(_params(base, "init", 1, batch, tasks, False))
     sampler, tok = open_sampler(p, work / "runs/init/iter_0/checkpoint", engine_seed=0)
@@ -121,12 +122,11 @@ def synthetic_shape(batch: int, prompts: int = 256, new_tokens: int = 12, seed: 
     """Prompts of unequal length (150-259 tokens, as text environments' observations vary) on a random-weight
     model of the tiny default's shape, sampled in one batch and in batches of `batch` with the same per-row seeds:
     the floats differ (padding widths and batch sizes), and this counts the sampled tokens that differ."""
-    import random
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # start-up cost: torch
+    from transformers import LlamaConfig, LlamaForCausalLM  # start-up cost: torch
 
-    from pipeline.model.policy import generate
+    from pipeline.model.policy import generate  # start-up cost: torch
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=768, hidden_size=64, intermediate_size=192, num_hidden_layers=2,

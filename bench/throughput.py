@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bench import log_run
 from pipeline.config.params import METHOD_NAMES, CreditConfig
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import compute_advantages
@@ -125,7 +126,6 @@ def run(sizes: list[int], repeats: int, reference_max: int, out_dir: Path, log: 
     plot(df, out_dir / "throughput.png")
     print(f"wrote {csv} and {out_dir / 'throughput.png'}")
     if log:
-        from bench import log_run
 
         log_run("throughput", {"sizes": sizes, "repeats": repeats, "reference_max": reference_max,
                                "cpus": os.cpu_count()},
