@@ -1,4 +1,5 @@
-"""Environments, one module each, registered by name (`pipeline.envs.base`)."""
+"""Environments, one module each, registered by name (`base`), and the action tag they parse (`actions`).
+Imports only `pipeline.data`."""
 
 from pipeline.envs.base import Env, EnvSpec, Observation, StepResult, has, make_env, register, require
 
