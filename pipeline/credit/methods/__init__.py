@@ -1,8 +1,8 @@
 """The credit methods, one module each, registered by name (`pipeline.credit.base.Method`).
 
-Every module of this package except `base` and `reward_model` is a method and is imported here, so that adding a
-method means adding one module (and its tests): the params schema, the stage registry, the fit stage and the
-benchmarks read the registry.
+Every module of this package is a method and is imported here, so that adding a method means adding one module
+(and its tests): the params schema, the stage registry, the fit stage and the benchmarks read the registry
+(docs/architecture.md). A method's shared terms are in `pipeline.credit.base`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import polars as pl
 
 from pipeline.credit.base import EpisodeConfig, Method, compute, registered
 
-_SUPPORT = {"base", "reward_model"}
 for _m in pkgutil.iter_modules(__path__):
-    if _m.name not in _SUPPORT:
-        importlib.import_module(f"{__name__}.{_m.name}")
+    importlib.import_module(f"{__name__}.{_m.name}")
 
 METHODS: dict[str, Method] = registered()
 
