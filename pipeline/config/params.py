@@ -6,6 +6,7 @@ the file, the dotted key and what was expected (`ParamsError`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -78,6 +79,13 @@ class PolicyConfig(Section):
             p = Path(self.path).expanduser()
             if not p.is_dir() or not (p / "config.json").is_file():
                 raise ValueError(f"path {self.path!r} is not a Hugging Face model folder (no config.json there)")
+            try:
+                config = json.loads((p / "config.json").read_text())
+            except (OSError, ValueError) as e:
+                raise ValueError(f"path {self.path!r}: config.json is not readable JSON ({e})") from None
+            if not isinstance(config, dict) or not config.get("model_type"):
+                raise ValueError(f"path {self.path!r}: config.json names no model_type, so transformers cannot load "
+                                 "the folder as a model")
         return self
 
 

@@ -61,6 +61,20 @@ def test_bad_params_name_the_key(tmp_path, data, fragment):
     assert str(path) in msg and fragment in msg
 
 
+@pytest.mark.parametrize("config, fragment", [
+    ("{}", "config.json names no model_type, so transformers cannot load the folder as a model"),
+    ("{not json", "config.json is not readable JSON"),
+])
+def test_a_folder_that_is_not_a_loadable_model_is_refused_when_the_params_load(tmp_path, config, fragment):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    path = write(tmp_path, {"policy": {"path": str(folder)}})
+    with pytest.raises(ParamsError) as e:
+        load_params(path)
+    assert str(path) in str(e.value) and "key 'policy'" in str(e.value) and fragment in str(e.value)
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ParamsError, match="params file not found"):
         load_params(tmp_path / "nope.yaml")
