@@ -5,9 +5,10 @@
 import sys
 
 from pipeline.config.params import ParamsError, load_params
+from pipeline.data.paths import strip_dir
 from pipeline.workflow.dvcgen import record_run
 from pipeline.workflow.registry import (code_inputs, deps_for, enabled_stages, final_targets, job_file,
-                                        params_fingerprint, processes_for, resources_for, strip_dir)
+                                        params_fingerprint, processes_for, resources_for)
 from pipeline.workflow.runs import share_base
 
 PARAMS_FILE = config.get("params", "params.yaml")

@@ -56,11 +56,12 @@ def main(argv=None) -> None:
                                           p.update.gradient_checkpointing)
         old, mismatch = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
         ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs)
-        optimizer = adamw.build(model.parameters(), p.update.lr, p.update.weight_decay)
+        make_optimizer = _optimizer_of(p)
+        optimizer = make_optimizer(model.parameters())
         adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
         sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
         if sharded:   # after log pi_old: every process held the whole model for it
-            optimizer = fsdp.shard_model(model, optimizer, _optimizer_of(p), next(model.parameters()).device)
+            optimizer = fsdp.shard_model(model, optimizer, make_optimizer, next(model.parameters()).device)
             ctx.log(f"FSDP: each of {procs.world} processes holds 1/{procs.world} of the weights, gradients and "
                     "moments")
         trace: list[float] = []
@@ -71,7 +72,7 @@ def main(argv=None) -> None:
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
         if sharded:   # the whole weights and moments, on process 0, in an unsharded model and optimiser
-            model, optimizer = fsdp.unsharded(model, optimizer, lambda: _load(ctx, "cpu", seed), _optimizer_of(p))
+            model, optimizer = fsdp.unsharded(model, optimizer, lambda: _load(ctx, "cpu", seed), make_optimizer)
         if procs.rank == 0:
             save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
 
@@ -129,6 +130,7 @@ def _load(ctx, device, seed: int):
 
 
 def _optimizer_of(p):
+    """AdamW with the update's settings, for any parameters (the whole model's, or FSDP's shards)."""
     return lambda parameters: adamw.build(parameters, p.update.lr, p.update.weight_decay)
 
 

@@ -44,8 +44,9 @@ def fields(task: int) -> tuple[str, int, int, int]:
 
 
 # Each stage's seed for its random draws (sampling, minibatch order, LoRA's initial adapters, SPA's fit) from the
-# run's seed and the iteration. Distinct stages and iterations get distinct seeds; the formulas are fixed, so a
-# rerun draws the same numbers.
+# run's seed and the iteration. The formulas are fixed, so a rerun draws the same numbers. They are not disjoint
+# across stages (update at iteration 17 and fit at iteration 1 share one; init and reward_init use the run's
+# seed): each seeds its own generator for its own draws, so a shared number couples nothing.
 _STAGE_SEEDS = {
     "rollout": lambda seed, it: seed * 1_000_003 + it,             # the rollout engine's draws
     "evaluate": lambda seed, it: seed * 1_000_003 + 500_000 + it,  # held-out sampling, apart from rollouts

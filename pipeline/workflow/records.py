@@ -17,15 +17,14 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.data.paths import fill, strip_dir
 from pipeline.workflow.registry import (
     code_inputs,
     deps_for,
     enabled_stages,
-    fill,
     job_file,
     params_fingerprint,
     processes_for,
-    strip_dir,
 )
 
 

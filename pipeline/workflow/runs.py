@@ -18,15 +18,8 @@ import os
 from pathlib import Path
 
 from pipeline.config.params import Params, load_params
-from pipeline.workflow.registry import (
-    ITER_DIR,
-    at,
-    enabled_stages,
-    fill,
-    params_fingerprint,
-    stage_iterations,
-    strip_dir,
-)
+from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
+from pipeline.workflow.registry import enabled_stages, params_fingerprint, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
 

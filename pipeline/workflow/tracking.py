@@ -47,9 +47,7 @@ def tracking_uri(params: Params, root: Path | None = None) -> str:
 def open_experiment(uri: str, experiment: str, root: Path):
     """(client, experiment id) of `experiment` in the MLflow store at `uri`, created (with its artifacts under
     `root/mlartifacts`) where it does not exist yet. The stages, `sync` and the benchmarks open MLflow here."""
-    from mlflow import (
-        MlflowClient,  # start-up cost: MLflow's import is slow, and tracking may be off
-    )  # start-up cost: MLflow
+    from mlflow import MlflowClient  # start-up cost: MLflow's import is slow, and tracking may be off
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
