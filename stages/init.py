@@ -1,9 +1,11 @@
 """Stage `init`: the policy of iteration 0.
 
-With `policy.path` null: train a byte-level BPE tokenizer on environment text, build the tiny Llama with random
-weights, warm-start it on solver demonstrations, and save it. With `policy.path` set: copy that local Hugging Face
-model folder's weights and tokenizer as iteration 0's checkpoint (nothing is downloaded). Checkpoints hold fp32
-master weights whatever `policy.dtype` is (`pipeline.model.precision`).
+The model: with `policy.path` null, a byte-level BPE tokenizer trained on environment text and the tiny Llama with
+random weights; with a local Hugging Face model folder, its weights and tokenizer; with a GGUF file, its weights
+dequantized (`pipeline.model.gguf_import`). Nothing is downloaded. Then the warm start (`warmstart`: supervised
+fine-tuning on expert demonstrations through the model's chat template, full or LoRA merged back), and iteration
+0's checkpoint is saved as a plain model folder. Checkpoints hold fp32 master weights whatever `policy.dtype` is
+(`pipeline.model.precision`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pipeline.data import paths
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import atomic_dir
 from pipeline.envs.base import spec_of
-from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer
+from pipeline.model.gguf_import import is_gguf, load_gguf
+from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer, with_lora
 from pipeline.model.precision import mark
 from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
 from pipeline.workflow.cli import parse_args, stage_job
@@ -23,13 +26,18 @@ def main(argv=None) -> None:
     ctx = parse_args("init", per_iteration=False, argv=argv)
     p = ctx.params
     with stage_job(ctx), Tracker(p, "init", None) as tracker:
-        if p.policy.path:
+        if p.policy.path is None:
+            model, tokenizer = build_tiny(ctx)
+        elif is_gguf(p.policy.path):
+            model, tokenizer = load_gguf(p.policy.path, progress=ctx.log)
+            model = mark(model, p.policy.dtype).to(resolve_device(p.runtime.device))
+        else:
             ctx.log(f"loading local model folder {p.policy.path}")
             model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device, train=True)
-            metrics = {}
-        else:
-            model, tokenizer = build_tiny(ctx)
-            metrics = warm_start(ctx, model, tokenizer, tracker)
+        if p.policy.path is not None:
+            ctx.log(f"{type(model).__name__}: {sum(x.numel() for x in model.parameters()):,} parameters, "
+                    f"vocabulary {len(tokenizer)}, chat template: {'yes' if tokenizer.chat_template else 'no'}")
+        model, metrics = warm_start(ctx, model, tokenizer, tracker)
         out = ctx.path(paths.INITIAL_CHECKPOINT)
         with atomic_dir(out) as tmp:
             model.save_pretrained(tmp)
@@ -51,21 +59,30 @@ def build_tiny(ctx):
     return model, tokenizer
 
 
-def warm_start(ctx, model, tokenizer, tracker) -> dict[str, float]:
-    """Supervised training on solver demonstrations (`pipeline.rollout.warmstart`); its metrics."""
+def warm_start(ctx, model, tokenizer, tracker):
+    """Supervised training on expert demonstrations (`pipeline.rollout.warmstart`): the model (LoRA adapters merged
+    back where `warmstart.lora` trained them) and its metrics."""
     p = ctx.params
+    w = p.warmstart
+    metrics = {"parameters": float(sum(x.numel() for x in model.parameters()))}
+    steps = w.steps_for(p.policy)
+    if steps == 0:
+        return model, metrics
     seed = stage_seed("init", p.seed)
-    pairs = demonstrations(p, p.warmstart.episodes, p.warmstart.random_action_share, seed, tasks=p.warmstart.tasks)
-    ctx.log(f"{len(pairs)} demonstration turns from {p.warmstart.episodes} solver-guided episodes")
-    losses = supervised_warmstart(model, tokenizer, pairs, p.warmstart.steps, p.warmstart.batch_size,
-                                  p.warmstart.lr, seed, clean_steps=p.warmstart.clean_steps, progress=ctx.log)
-    metrics = {"parameters": float(sum(x.numel() for x in model.parameters())),
-               "demonstration_turns": float(len(pairs))}
-    if losses:
-        metrics["warmstart_final_loss"] = sum(losses[-20:]) / len(losses[-20:])
-        for i in range(0, len(losses), max(1, len(losses) // 50)):
-            tracker.log_metrics({"warmstart_loss": losses[i]}, step=i)
-    return metrics
+    pairs = demonstrations(p, w.episodes, w.random_action_share, seed, tasks=w.tasks)
+    ctx.log(f"{len(pairs)} demonstration turns from {w.episodes} expert-guided episodes")
+    if w.lora is not None:
+        model = with_lora(model, w.lora, seed=seed)
+    losses = supervised_warmstart(model, tokenizer, pairs, steps, w.batch_size, w.lr_for(p.policy), seed,
+                                  clean_steps=w.clean_steps, progress=ctx.log)
+    if w.lora is not None:
+        model = model.merge_and_unload()
+    metrics["demonstration_turns"] = float(len(pairs))
+    metrics["warmstart_first_loss"] = losses[0]
+    metrics["warmstart_final_loss"] = sum(losses[-20:]) / len(losses[-20:])
+    for i in range(0, len(losses), max(1, len(losses) // 50)):
+        tracker.log_metrics({"warmstart_loss": losses[i]}, step=i)
+    return model, metrics
 
 
 if __name__ == "__main__":

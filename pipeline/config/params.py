@@ -17,6 +17,7 @@ from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_dept
 from pipeline.data.section import LoraSettings, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
 from pipeline.envs.base import registered as registered_envs
+from pipeline.model.gguf_import import gguf_header, is_gguf
 from pipeline.rollout.shards import shard_slices
 
 GROUPS_PER_ITERATION = 1_000_000  # task-group ids of iteration i are i * GROUPS_PER_ITERATION + index
@@ -66,7 +67,8 @@ class TinyModelConfig(Section):
 
 
 class PolicyConfig(Section):
-    path: str | None = Field(None, description="local Hugging Face model folder; null builds the tiny default")
+    path: str | None = Field(None, description="a local Hugging Face model folder, or a GGUF file that init "
+                             "dequantizes into a plain folder (scripts/install-models); null builds the tiny default")
     tiny: TinyModelConfig = TinyModelConfig()
     max_new_tokens: int = Field(12, ge=1, le=4096, description="response length cap in tokens")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
@@ -75,7 +77,9 @@ class PolicyConfig(Section):
 
     @model_validator(mode="after")
     def _path_exists(self):
-        if self.path is not None:
+        if self.path is not None and is_gguf(self.path):
+            gguf_header(self.path)
+        elif self.path is not None:
             p = Path(self.path).expanduser()
             if not p.is_dir() or not (p / "config.json").is_file():
                 raise ValueError(f"path {self.path!r} is not a Hugging Face model folder (no config.json there)")
@@ -90,17 +94,29 @@ class PolicyConfig(Section):
 
 
 class WarmstartConfig(Section):
+    """Supervised fine-tuning of iteration 0's policy on the environment's expert demonstrations, through the model's
+    chat template, with the loss on the response tokens (`pipeline.rollout.warmstart`)."""
     episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="expert-guided episodes turned into demonstrations")
     tasks: int | None = Field(None, ge=1, le=MAX_INDEX, description="distinct warm-start tasks the episodes cycle "
                               "through (null: a new task every episode; set it where tasks are costly to make, as "
                               "generated text games are)")
     random_action_share: float = Field(0.65, ge=0.0, le=1.0, description="share of demonstration turns labelled "
                                        "with a random action instead of an optimal one")
-    steps: int = Field(800, ge=0, description="supervised optimisation steps")
+    steps: int | None = Field(None, ge=0, description="supervised optimisation steps; null: 800 for the tiny "
+                              "default, 0 (no warm start) for a model from policy.path")
     clean_steps: int = Field(600, ge=0, description="the first steps, trained on optimal labels only (the mapping); "
                              "the remaining steps use the mixed labels (the policy's noise)")
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-3, gt=0.0)
+    lr: float | None = Field(None, gt=0.0, description="peak learning rate (warm-up over 20 steps, then linear "
+                             "decay); null: 2e-3 for the tiny default, 1e-5 for a model from policy.path")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters in the warm start and merge them into "
+                                      "iteration 0's checkpoint (null: full fine-tuning)")
+
+    def steps_for(self, policy: PolicyConfig) -> int:
+        return self.steps if self.steps is not None else (800 if policy.path is None else 0)
+
+    def lr_for(self, policy: PolicyConfig) -> float:
+        return self.lr if self.lr is not None else (2e-3 if policy.path is None else 1e-5)
 
 
 class VllmSettings(Section):

@@ -84,8 +84,10 @@ def tokenizer_corpus(params, seed: int) -> list[str]:
 def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
                          lr: float, seed: int, clean_steps: int = 0,
                          progress: Callable[[str], None] | None = None) -> list[float]:
-    """Cross-entropy on the response tokens (EOS included): the first `clean_steps` steps on the optimal labels,
-    the rest on the executed (mixed) ones. Returns the loss of every step."""
+    """Cross-entropy on the response tokens (EOS included; the prompt goes through the model's chat template, as
+    in rollouts): the first `clean_steps` steps on the optimal labels, the rest on the executed (mixed) ones. Only
+    the parameters that require gradients train (LoRA adapters, when the model carries them). Progress lines every
+    50 steps or 30 s. Returns the loss of every step."""
     if steps == 0 or not demos:
         return []
     gen = torch.Generator().manual_seed(seed)
@@ -93,12 +95,12 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     responses = {r: encode_response(tokenizer, r) for _, r, o in demos for r in (r, o) if r is not None}
     mixed = [(prompts[p], responses[r]) for p, r, _ in demos]
     clean = [(prompts[p], responses[o]) for p, _, o in demos if o is not None] or mixed
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([x for x in model.parameters() if x.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     stepper = Stepper(model, opt, grad_clip=1.0)
     model.train()
     losses = []
-    started = time.perf_counter()
+    started = last = time.perf_counter()
     for step in range(steps):
         encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
@@ -112,9 +114,12 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
         stepper.step(f"warm start step {step}")
         sched.step()
         losses.append(loss.item())
-        if progress is not None and ((step + 1) % 50 == 0 or step + 1 == steps):
-            rate = (step + 1) / (time.perf_counter() - started)
-            progress(f"warm start step {step + 1}/{steps}: loss {sum(losses[-50:]) / len(losses[-50:]):.4f}, "
-                     f"{rate:.1f} steps/s")
+        now = time.perf_counter()
+        if progress is not None and ((step + 1) % 50 == 0 or step + 1 == steps or now - last >= 30):
+            last = now
+            rate = (step + 1) / (now - started)
+            recent = losses[-min(50, len(losses)):]
+            progress(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}, "
+                     f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")
     model.eval()
     return losses

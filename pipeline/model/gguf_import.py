@@ -1,0 +1,181 @@
+"""Real pretrained weights from a GGUF file (llama.cpp's format, as PyPI wheels ship small models): checked when
+the params load, dequantized by transformers' GGUF loader in `init`, and saved as a plain model folder.
+
+transformers reads a GGUF file into a model that remembers it was quantized and refuses `save_pretrained`; the
+dequantized weights are therefore copied into a fresh model of the same class and config, which saves as any
+Hugging Face folder does (config, safetensors, tokenizer, chat template) and which vLLM and peft load.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether `policy.path` names a GGUF file (by its name; `gguf_header` checks the contents)."""
+    return str(path).lower().endswith(".gguf")
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    architecture: str
+    name: str
+    tensor_types: tuple[str, ...]   # the distinct quantization types of its tensors
+    tensors: int
+
+
+def gguf_header(path: str | Path) -> GgufHeader:
+    """The architecture, name and tensor types of a GGUF file, read from its header alone (`_scan`); a
+    `ValueError` naming the file when it is not one transformers can dequantize (not GGUF, an architecture
+    transformers' loader does not know, a tensor type the `gguf` package cannot dequantize)."""
+    from gguf import GGMLQuantizationType
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{path}: no such GGUF file")
+    try:
+        fields, types = _scan(path)
+    except (ValueError, EOFError, UnicodeDecodeError, struct.error) as e:
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+    arch = fields.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: the GGUF file names no general.architecture")
+    supported = supported_architectures()
+    if arch not in supported:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not one transformers' GGUF loader reads; it reads "
+                         f"{', '.join(sorted(supported))}")
+    names = []
+    for t in sorted(set(types)):
+        try:
+            names.append(GGMLQuantizationType(t).name)
+        except ValueError:
+            raise ValueError(f"{path}: unknown GGUF tensor type {t}") from None
+    unreadable = [t for t in names if not dequantizable(t)]
+    if unreadable:
+        raise ValueError(f"{path}: tensor type(s) {', '.join(unreadable)} cannot be dequantized by the gguf package "
+                         "(transformers' GGUF loader needs it to)")
+    name = fields.get("general.name")
+    return GgufHeader(arch, name if isinstance(name, str) else path.stem, tuple(names), len(types))
+
+
+# GGUF's metadata value types (gguf.GGUFValueType) and the struct formats of the fixed-size ones
+_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _scan(path: Path) -> tuple[dict[str, object], list[int]]:
+    """The scalar metadata (arrays skipped) and the tensor types of a GGUF file (little-endian, version 2 or 3),
+    read straight from its header: `gguf.GGUFReader` builds an object per element of every array, which takes
+    seconds for a 262k-token vocabulary, and the params check runs in every stage."""
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        if data[:4] != GGUF_MAGIC:
+            raise ValueError("it does not start with the GGUF magic bytes")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}; expected 2 or 3")
+        pos = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", data, at)
+            if at + 8 + n > len(data):
+                raise EOFError("the header runs past the end of the file")
+            return bytes(data[at + 8: at + 8 + n]).decode("utf-8"), at + 8 + n
+
+        def skip(vtype: int, at: int, count: int) -> int:
+            if vtype in _FIXED:
+                return at + count * struct.calcsize(_FIXED[vtype])
+            if vtype == _STRING:
+                for _ in range(count):
+                    (n,) = struct.unpack_from("<Q", data, at)
+                    at += 8 + n
+                return at
+            raise ValueError(f"metadata value type {vtype} inside an array")
+
+        fields: dict[str, object] = {}
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (vtype,) = struct.unpack_from("<I", data, pos)
+            pos += 4
+            if vtype == _STRING:
+                fields[key], pos = string(pos)
+            elif vtype in _FIXED:
+                (fields[key],) = struct.unpack_from("<" + _FIXED[vtype], data, pos)
+                pos += struct.calcsize(_FIXED[vtype])
+            elif vtype == _ARRAY:
+                etype, count = struct.unpack_from("<IQ", data, pos)
+                pos = skip(etype, pos + 12, count)
+            else:
+                raise ValueError(f"unknown metadata value type {vtype} (key {key})")
+        types = []
+        for _ in range(n_tensors):
+            _, pos = string(pos)
+            (n_dims,) = struct.unpack_from("<I", data, pos)
+            pos += 4 + 8 * n_dims
+            (ttype,) = struct.unpack_from("<I", data, pos)
+            types.append(ttype)
+            pos += 4 + 8
+        return fields, types
+    finally:
+        data.close()
+
+
+def supported_architectures() -> frozenset[str]:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES  # start-up cost: transformers
+
+    return frozenset(GGUF_SUPPORTED_ARCHITECTURES)
+
+
+def dequantizable(type_name: str) -> bool:
+    """Whether the gguf package dequantizes tensors of this type (plain floats, or a quantization with its
+    dequantizer)."""
+    from gguf import GGMLQuantizationType, quants
+
+    qtype = GGMLQuantizationType[type_name]
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
+                 GGMLQuantizationType.F64):
+        return True
+    traits = getattr(quants, "_type_traits", {})
+    cls = traits.get(qtype)
+    return cls is not None and "dequantize_blocks" in vars(cls)
+
+
+def load_gguf(path: str | Path, progress=None):
+    """(model, tokenizer) of a GGUF file: fp32 weights dequantized by transformers, in a fresh model of the same
+    class (savable with `save_pretrained`), and the tokenizer with the chat template the file carries."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # start-up cost: transformers
+
+    path = Path(path).expanduser().resolve()
+    header = gguf_header(path)
+    if progress is not None:
+        progress(f"dequantizing {path.name}: {header.architecture} ({header.name}), {header.tensors} tensors of "
+                 f"type {', '.join(header.tensor_types)}")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
+                                                  dtype=torch.float32)
+    config = loaded.config
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    model = type(loaded)(config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # a tied LM head is not a key of its own; anything else missing would be left at random weights
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{path}: the dequantized weights do not fit {type(loaded).__name__} (missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]})")
+    model.tie_weights()
+    del loaded
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.eval()
+    return model, tokenizer
