@@ -1,0 +1,116 @@
+"""A real pretrained LLM through every stage of one iteration, at tiny sizes: SmolLM2-135M-Instruct from its GGUF file
+(scripts/install-models; CI installs it), dequantized and warm-started by init, then rollout, group, advantages,
+update and evaluate with vLLM's CPU engine and with Hugging Face generate.
+
+What a real model adds over the tiny one: its own chat template in every prompt, a 49,152-token vocabulary, and
+the engine's sampled log-probs against the trainer's on 30 layers."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+import torch
+import yaml
+
+from pipeline.data import tables
+from pipeline.model.policy import load_policy, pad_batch, token_logprobs
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+if not SMOL.is_file():
+    pytest.skip("scripts/install-models installs SmolLM2-135M-Instruct (CI does)", allow_module_level=True)
+
+TEMPERATURE = 0.9
+MAX_NEW = 10
+
+
+def stage(d, name, it=None, timeout=900):
+    cmd = [sys.executable, "-m", f"stages.{name}", "--params", "params.yaml"]
+    if it is not None:
+        cmd += ["--iteration", str(it)]
+    r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r.stdout + r.stderr
+
+
+def params(engine: str) -> dict:
+    return {"seed": 5, "loop": {"iterations": 1}, "env": {"name": "sokoban", "max_turns": 2},
+            "prompt": {"history_turns": 0},
+            "policy": {"path": str(SMOL), "max_new_tokens": MAX_NEW},
+            "warmstart": {"episodes": 3, "steps": 2, "clean_steps": 2, "batch_size": 2, "lr": 1e-5},
+            "rollout": {"engine": engine, "tasks_per_iteration": 2, "group_size": 2, "batch_size": 4,
+                        "temperature": TEMPERATURE, "vllm": {"max_model_len": 512}},
+            "update": {"epochs": 1, "minibatch_size": 8, "lr": 1e-5},
+            "evaluate": {"tasks": 2, "episodes_per_task": 1, "temperature": 0.0},
+            "tracking": {"enabled": False}}
+
+
+def one_iteration(d, engine: str, init_from=None, evaluate: bool = True) -> dict[str, str]:
+    (d / "params.yaml").write_text(yaml.safe_dump(params(engine)))
+    logs = {}
+    if init_from is None:
+        logs["init"] = stage(d, "init")
+    else:   # the same initial policy (same params): the dequantized, warm-started checkpoint of the other run
+        shutil.copytree(init_from / "results/iter_0", d / "results/iter_0")
+    for name in ("rollout", "group", "advantages", "update", "evaluate")[:5 if evaluate else 4]:
+        logs[name] = stage(d, name, 1)
+    return logs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    v = tmp_path_factory.mktemp("smollm2-vllm")
+    h = tmp_path_factory.mktemp("smollm2-hf")
+    # evaluate samples as rollout does (vLLM's engine start is most of a stage's time here): once, in the HF run
+    return {"vllm": (v, one_iteration(v, "vllm", evaluate=False)), "hf": (h, one_iteration(h, "hf", init_from=v))}
+
+
+def test_init_dequantizes_and_warm_starts_smollm2(runs):
+    d, logs = runs["vllm"]
+    assert "dequantizing SmolLM2-135M-Instruct.Q4_1.gguf: llama" in logs["init"]
+    assert "LlamaForCausalLM: 134,515,008 parameters, vocabulary 49152, chat template: yes" in logs["init"]
+    assert "warm start step 2/2" in logs["init"]
+    config = json.loads((d / "results/iter_0/checkpoint/config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+
+
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_a_real_model_plays_an_iteration_with_its_chat_template(runs, engine):
+    d, logs = runs[engine]
+    assert f"sampling with {engine}" in logs["rollout"]
+    steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    assert steps.height >= 4
+    _, tok = load_policy(d / "results/iter_0/checkpoint")
+    for ids in steps["prompt_ids"].to_list():
+        text = tok.decode(ids)
+        assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+        assert "Answer with one admissible action as <action>...</action>." in text
+    ids = [i for row in steps["prompt_ids"].to_list() + steps["response_ids"].to_list() for i in row]
+    assert 0 <= min(ids) and max(ids) < 49152
+    assert all(r[-1] == tok.eos_token_id or len(r) == MAX_NEW for r in steps["response_ids"].to_list() if r)
+    # the update trained: iteration 1's weights differ from iteration 0's
+    m0, _ = load_policy(d / "results/iter_0/checkpoint")
+    m1, _ = load_policy(d / "results/iter_1/checkpoint")
+    assert not torch.equal(m0.model.layers[0].mlp.up_proj.weight, m1.model.layers[0].mlp.up_proj.weight)
+    if engine == "hf":
+        metrics = json.loads((d / "results/iter_1/eval_metrics.json").read_text())
+        assert metrics["episodes"] == 2
+
+
+def test_vllm_samples_smollm2_with_the_trainers_logprobs(runs):
+    """log pi_old of the update (the trainer's forward at the sampling temperature) equals the engine's log-probs
+    of the sampled tokens, within the tolerance of the tiny policy's vLLM test."""
+    d, _ = runs["vllm"]
+    steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    steps = steps.filter(pl.col("response_ids").list.len() > 0)
+    model, tok = load_policy(d / "results/iter_0/checkpoint")
+    ids, _, resp = pad_batch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, resp, temperature=TEMPERATURE)
+    engine = torch.cat([torch.tensor(x) for x in steps["response_logprobs"].to_list()])
+    gap = (logp[resp] - engine).abs()
+    assert float(gap.max()) < 1e-3, f"vLLM and the trainer differ by up to {float(gap.max()):.2e} nats"
