@@ -27,6 +27,7 @@ class GgufHeader:
     name: str
     tensor_types: tuple[str, ...]   # the distinct quantization types of its tensors
     tensors: int
+    add_bos: bool | None = None     # whether text starts with BOS (tokenizer.ggml.add_bos_token)
 
 
 def gguf_header(path: str | Path) -> GgufHeader:
@@ -60,7 +61,9 @@ def gguf_header(path: str | Path) -> GgufHeader:
         raise ValueError(f"{path}: tensor type(s) {', '.join(unreadable)} cannot be dequantized by the gguf package "
                          "(transformers' GGUF loader needs it to)")
     name = fields.get("general.name")
-    return GgufHeader(arch, name if isinstance(name, str) else path.stem, tuple(names), len(types))
+    add_bos = fields.get("tokenizer.ggml.add_bos_token")
+    return GgufHeader(arch, name if isinstance(name, str) else path.stem, tuple(names), len(types),
+                      add_bos if isinstance(add_bos, bool) else None)
 
 
 # GGUF's metadata value types (gguf.GGUFValueType) and the struct formats of the fixed-size ones
@@ -173,6 +176,10 @@ def load_gguf(path: str | Path, progress=None):
                          f"{missing[:5]}, unexpected {unexpected[:5]})")
     model.tie_weights()
     del loaded
+    if header.add_bos and getattr(tokenizer, "add_bos_token", None) is False:
+        # transformers' GGUF tokenizer leaves it off; a base model without its BOS writes noticeably worse text
+        # (Gemma 3 270M: "The capital of France is France. The The The" without, a sentence with)
+        tokenizer.add_bos_token = True
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -203,7 +203,10 @@ def render_prompt(tokenizer, text: str) -> str:
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
-    return tokenizer(render_prompt(tokenizer, text), add_special_tokens=False)["input_ids"]
+    """The prompt's ids: a chat template writes its own special tokens (BOS included); without one, the tokenizer
+    adds those it is set to add (a base model's BOS; none for the tiny default's)."""
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    return tokenizer(render_prompt(tokenizer, text), add_special_tokens=not templated)["input_ids"]
 
 
 def encode_response(tokenizer, text: str) -> list[int]:
