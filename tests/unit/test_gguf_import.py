@@ -38,7 +38,8 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tok, qtype: str = "F32", arch: str = "llama", raw_type: str | None = None) -> None:
+def write_gguf(path, model, tok, qtype: str = "F32", arch: str = "llama", raw_type: str | None = None,
+               chat_template: str | None = CHAT, bos: int | None = None) -> None:
     import gguf
 
     cfg = model.config
@@ -63,7 +64,11 @@ def write_gguf(path, model, tok, qtype: str = "F32", arch: str = "llama", raw_ty
     w.add_token_types([3 if t in ("<pad>", "<eos>") else 1 for t in tokens])
     w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
-    w.add_chat_template(CHAT)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+        w.add_add_bos_token(True)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     for i in range(cfg.num_hidden_layers):
@@ -110,6 +115,19 @@ def test_an_f32_gguf_dequantizes_to_the_same_model_and_tokenizer(tiny, tmp_path)
     assert ltok.chat_template == CHAT and ltok.eos_token == "<eos>" and ltok.pad_token == "<pad>"
     assert type(loaded).__name__ == "LlamaForCausalLM" and loaded.config.vocab_size == len(tok)
     torch.testing.assert_close(_logits(loaded, ids), _logits(model, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_a_base_model_whose_file_asks_for_bos_gets_it_in_every_prompt(tiny, tmp_path):
+    """No chat template, `tokenizer.ggml.add_bos_token` true (as Gemma's file): the prompt starts with BOS."""
+    from pipeline.model.policy import encode_prompt
+
+    model, tok = tiny
+    write_gguf(tmp_path / "base.gguf", model, tok, chat_template=None, bos=tok.eos_token_id)
+    assert gguf_header(tmp_path / "base.gguf").add_bos is True
+    _, ltok = load_gguf(tmp_path / "base.gguf")
+    assert not ltok.chat_template
+    text = "push the box"
+    assert encode_prompt(ltok, text) == [tok.eos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
 
 
 def test_a_q8_0_gguf_is_dequantized_close_to_the_original(tiny, tmp_path):
