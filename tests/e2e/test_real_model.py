@@ -6,7 +6,6 @@ What a real model adds over the tiny one: its own chat template in every prompt,
 the engine's sampled log-probs against the trainer's on 30 layers."""
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -49,28 +48,22 @@ def params(engine: str) -> dict:
             "tracking": {"enabled": False}}
 
 
-def one_iteration(d, engine: str, init_from=None, evaluate: bool = True) -> dict[str, str]:
-    (d / "params.yaml").write_text(yaml.safe_dump(params(engine)))
-    logs = {}
-    if init_from is None:
-        logs["init"] = stage(d, "init")
-    else:   # the same initial policy (same params): the dequantized, warm-started checkpoint of the other run
-        shutil.copytree(init_from / "results/iter_0", d / "results/iter_0")
-    for name in ("rollout", "group", "advantages", "update", "evaluate")[:5 if evaluate else 4]:
-        logs[name] = stage(d, name, 1)
-    return logs
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    v = tmp_path_factory.mktemp("smollm2-vllm")
-    h = tmp_path_factory.mktemp("smollm2-hf")
-    # evaluate samples as rollout does (vLLM's engine start is most of a stage's time here): once, in the HF run
-    return {"vllm": (v, one_iteration(v, "vllm", evaluate=False)), "hf": (h, one_iteration(h, "hf", init_from=v))}
+def run(tmp_path_factory):
+    """init, then rollout, group, advantages and update with vLLM's engine, then evaluate with Hugging Face's
+    (the two engines' samplers on one real model, at the cost of one run)."""
+    d = tmp_path_factory.mktemp("smollm2")
+    (d / "params.yaml").write_text(yaml.safe_dump(params("vllm")))
+    logs = {"init": stage(d, "init")}
+    for name in ("rollout", "group", "advantages", "update"):
+        logs[name] = stage(d, name, 1)
+    (d / "params.yaml").write_text(yaml.safe_dump(params("hf")))
+    logs["evaluate"] = stage(d, "evaluate", 1)
+    return d, logs
 
 
-def test_init_dequantizes_and_warm_starts_smollm2(runs):
-    d, logs = runs["vllm"]
+def test_init_dequantizes_and_warm_starts_smollm2(run):
+    d, logs = run
     assert "dequantizing SmolLM2-135M-Instruct.Q4_1.gguf: llama" in logs["init"]
     assert "LlamaForCausalLM: 134,515,008 parameters, vocabulary 49152, chat template: yes" in logs["init"]
     assert "warm start step 2/2" in logs["init"]
@@ -78,10 +71,9 @@ def test_init_dequantizes_and_warm_starts_smollm2(runs):
     assert config["model_type"] == "llama" and "quantization_config" not in config
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
-def test_a_real_model_plays_an_iteration_with_its_chat_template(runs, engine):
-    d, logs = runs[engine]
-    assert f"sampling with {engine}" in logs["rollout"]
+def test_a_real_model_plays_an_iteration_with_its_chat_template(run):
+    d, logs = run
+    assert "sampling with vllm" in logs["rollout"]
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     assert steps.height >= 4
     _, tok = load_policy(d / "results/iter_0/checkpoint")
@@ -96,15 +88,15 @@ def test_a_real_model_plays_an_iteration_with_its_chat_template(runs, engine):
     m0, _ = load_policy(d / "results/iter_0/checkpoint")
     m1, _ = load_policy(d / "results/iter_1/checkpoint")
     assert not torch.equal(m0.model.layers[0].mlp.up_proj.weight, m1.model.layers[0].mlp.up_proj.weight)
-    if engine == "hf":
-        metrics = json.loads((d / "results/iter_1/eval_metrics.json").read_text())
-        assert metrics["episodes"] == 2
+    # and Hugging Face's generate played iteration 1's checkpoint on the held-out tasks
+    assert "with hf" in logs["evaluate"]
+    assert json.loads((d / "results/iter_1/eval_metrics.json").read_text())["episodes"] == 2
 
 
-def test_vllm_samples_smollm2_with_the_trainers_logprobs(runs):
+def test_vllm_samples_smollm2_with_the_trainers_logprobs(run):
     """log pi_old of the update (the trainer's forward at the sampling temperature) equals the engine's log-probs
     of the sampled tokens, within the tolerance of the tiny policy's vLLM test."""
-    d, _ = runs["vllm"]
+    d, _ = run
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     steps = steps.filter(pl.col("response_ids").list.len() > 0)
     model, tok = load_policy(d / "results/iter_0/checkpoint")
