@@ -18,7 +18,7 @@ from pipeline.data import tables
 from pipeline.model.policy import load_policy, pad_batch, token_logprobs
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("smollm2")]   # one worker builds the run once
 SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 if not SMOL.is_file():
     pytest.skip("scripts/install-models installs SmolLM2-135M-Instruct (CI does)", allow_module_level=True)

@@ -28,7 +28,14 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     for method, keys in tiny.items():
         assert getattr(p.credit, method) == getattr(paper, method).model_copy(update=keys)
     credit = p.credit.model_copy(update={m: getattr(paper, m) for m in tiny})
-    assert p.model_copy(update={"credit": credit}) == Params()
+    # the warm start's steps and lr are spelled out for the tiny policy; the schema leaves them to the model
+    # (a pretrained folder or GGUF file gets no warm start unless asked, and a small lr when asked)
+    assert (p.warmstart.steps, p.warmstart.lr) == (800, 2e-3)
+    assert (p.warmstart.steps_for(p.policy), p.warmstart.lr_for(p.policy)) == (800, 2e-3)
+    real = p.policy.model_copy(update={"path": "models/x.gguf"})
+    assert (Params().warmstart.steps_for(real), Params().warmstart.lr_for(real)) == (0, 1e-5)
+    warmstart = p.warmstart.model_copy(update={"steps": None, "lr": None})
+    assert p.model_copy(update={"credit": credit, "warmstart": warmstart}) == Params()
 
 
 @pytest.mark.parametrize("data, fragment", [
