@@ -3,8 +3,8 @@
     python -m bench.credit_quality                          # the rollouts of results/ (a finished default run)
     python -m bench.credit_quality --run RUN_DIR --params RUN_DIR/params.yaml --out results/bench
 
-One fixed set of step tables (every iteration of one run) goes through every estimator. The learned step-reward
-models (OPRL's PRM, SPA's estimator) are replayed over the run's iterations in order, from its initial checkpoint,
+One fixed set of step tables (every iteration of one run) goes through every estimator. The learned models (OPRL's
+PRM, SPA's estimator, GAE's critic) are replayed over the run's iterations in order, from its initial checkpoint,
 exactly as the fit stage would have trained them (`pipeline.credit.reward_model.fit_iteration`); `--set
 credit.oprl.lr=2e-4` and the like try other settings on the same rollouts.
 
@@ -12,7 +12,9 @@ Each turn is labelled by the oracle of docs/credit-assignment.md (Oracle credit)
 when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact distance to success that the environment provides
 (`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn
 advantage for separating good from bad turns, plus the share of turns each method gives a non-zero step-level signal,
-over all iterations and per iteration. Writes credit_quality.csv, credit_quality_by_iteration.csv,
+over all iterations and per iteration; for a learned model, `auc_score` scores its own output: a turn's score by
+the same ROC-AUC, a state's value (GAE's V(s_t)) by how often, of two states at different oracle distances, the
+nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_iteration.csv,
 credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift) and credit_quality.png.
 """
 
@@ -29,7 +31,13 @@ from bench import log_run
 from pipeline.config.params import METHOD_NAMES, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import METHODS, compute_advantages, history_depth
-from pipeline.credit.oracle import oracle_labels, roc_auc, run_credit, score_advantages  # noqa: F401 - bench.* use them
+from pipeline.credit.oracle import (
+    oracle_labels,  # noqa: F401 - bench.* use it
+    oracle_replay,
+    roc_auc,  # noqa: F401 - bench.* use it
+    run_credit,  # noqa: F401 - bench.* use it
+    score_advantages,
+)
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import STEPS, read_table, write_text_atomic
 
@@ -67,7 +75,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     for it in iterations:
         steps = read_table(run_dir / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
         groups = build_groups(steps, history_depth(params.credit, params.prompt.history_turns)).drop("task_group")
-        labelled = steps.with_columns(oracle_labels(steps, params.env))
+        labelled = pl.concat([steps, oracle_replay(steps, params.env)], how="horizontal")
         tables[it] = labelled.join(groups, on=["episode_id", "step"], maintain_order="left")
     labelled = pl.concat(list(tables.values()))
     n_good = int((labelled["good"] == 1).sum())
@@ -76,24 +84,27 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
           f"{labelled.height - n_good - n_bad} neutral", flush=True)
     rows, by_iteration, fit_stats = [], [], []
     for method in methods:
-        scores = {}
+        scores, kind = {}, None
         if METHODS[method].fits:
+            kind = METHODS[method].reward_model.score_kind
             scores, s = fitted_scores(run_dir, params, iterations, method)
             fit_stats.extend(s)
         cfg = params.credit.model_copy(update={"method": method})
         parts = []
         for it, table in tables.items():
             t = table.join(scores[it], on=["episode_id", "step"]) if scores else table
-            adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", "good"), on=["episode_id", "step"])
-            by_iteration.append({"method": method, "iteration": it, **score_advantages(adv)})
+            extra = ("good", "distance", *(("score",) if scores else ()))
+            adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", *extra), on=["episode_id", "step"])
+            by_iteration.append({"method": method, "iteration": it, **score_advantages(adv, kind)})
             parts.append(adv)
-        rows.append({"method": method, **score_advantages(pl.concat(parts)), "good": n_good, "bad": n_bad})
+        rows.append({"method": method, **score_advantages(pl.concat(parts), kind), "good": n_good, "bad": n_bad})
         per_it = ", ".join(f"{r['auc_step_term']:.3f}" for r in by_iteration if r["method"] == method)
+        own = "" if kind is None else f"; its {kind} model's own score {rows[-1]['auc_score']:.3f}"
         print(f"{method:>6}: ROC-AUC {rows[-1]['auc']:.3f} (step term alone {rows[-1]['auc_step_term']:.3f}; by "
-              f"iteration {per_it}), non-zero step signal on {rows[-1]['share_nonzero_step_signal']:.0%} of turns",
-              flush=True)
-    df = pl.DataFrame(rows)
-    per_it_df = pl.DataFrame(by_iteration)
+              f"iteration {per_it}), non-zero step signal on {rows[-1]['share_nonzero_step_signal']:.0%} of turns"
+              f"{own}", flush=True)
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    per_it_df = pl.DataFrame(by_iteration, infer_schema_length=None)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / "credit_quality.csv", out_dir / "credit_quality_by_iteration.csv",
              out_dir / "credit_quality.png"]
@@ -110,6 +121,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         for r in rows:
             metrics.update({f"{r['method']}_auc": r["auc"], f"{r['method']}_auc_step_term": r["auc_step_term"],
                             f"{r['method']}_share_nonzero_step_signal": r["share_nonzero_step_signal"]})
+            if r.get("auc_score") is not None:
+                metrics[f"{r['method']}_auc_score"] = r["auc_score"]
         log_run("credit_quality", {"run": str(run_dir.resolve()), "params": str(params_file.resolve()),
                                    "iterations": f"{iterations[0]}-{iterations[-1]}", "turns": labelled.height,
                                    "good": n_good, "bad": n_bad, "set": " ".join(sets)},

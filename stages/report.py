@@ -54,14 +54,17 @@ def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:
     """The run in a few numbers (`results/report/metrics.json`, DVC's metrics): held-out success at the last
     iteration, its best, its mean over iterations and its gain over iteration 0; with `report.credit_oracle` and an
     environment oracle, the mean over iterations 1..N of the oracle ROC-AUC of the advantages the run trained on, of
-    their step term, and the share of turns with a step signal (`pipeline.credit.oracle`)."""
+    their step term, the share of turns with a step signal, and for a method with a learned per-turn model the
+    oracle score of that model's output (`pipeline.credit.oracle`)."""
     s = curve["success_rate"]
     out = {"iterations": int(curve["iteration"].max()), "success_final": float(s[-1]), "success_best": float(s.max()),
            "success_mean": float(s.mean()), "success_gain": float(s[-1] - s[0])}
     if p.report.credit_oracle and has(make_env(p.env), "oracle_distance"):
         cr = run_credit(results, p).filter(pl.col("iteration") <= p.loop.iterations)
         for key, col in (("credit_auc", "auc"), ("credit_auc_step_term", "auc_step_term"),
-                         ("credit_step_signal", "share_nonzero_step_signal")):
+                         ("credit_step_signal", "share_nonzero_step_signal"), ("credit_auc_score", "auc_score")):
+            if col not in cr.columns:
+                continue   # auc_score: only a method with a learned per-turn model has one
             value = cr[col].fill_nan(None).mean()
             out[key] = None if value is None else float(value)   # None: no turn both good and bad to rank
     return out

@@ -1,4 +1,4 @@
-"""The interface of a learned step-reward model (docs/credit-assignment.md, OPRL; SPA), and one fit iteration of it.
+"""The interface of a learned per-turn model (docs/credit-assignment.md, OPRL; SPA; GAE), and one fit iteration of it.
 
 The state after iteration i lives in `iter_i/reward_model/` (a model folder) plus the model's `extra_tables` beside
 it (SPA's replay); its optimiser (the state's `optimizer`) in `iter_i/optimizer/reward_model.pt`
@@ -28,6 +28,10 @@ Log = Callable[[str], None] | None
 
 class StepRewardModel(ABC):
     extra_tables: dict[str, Table] = {}  # file name in the iteration folder -> its declared table
+    # what the per-turn score rates, for the oracle (pipeline.credit.oracle.score_quality): "turn", the action
+    # (OPRL's r_φ, SPA's c_t: good turns should score higher), or "state", the state it was taken in (GAE's V(s_t):
+    # states fewer moves from success should score higher)
+    score_kind: str = "turn"
 
     @abstractmethod
     def init(self, policy_dir: Path, params) -> Any:

@@ -17,6 +17,7 @@ INITIAL_CHECKPOINT = "results/iter_0/checkpoint/"
 REWARD_MODEL = ITER_DIR + "/reward_model/"          # a method's learned step-reward model (OPRL's PRM, SPA's estimator)
 PREV_REWARD_MODEL = PREV_ITER_DIR + "/reward_model/"
 STEP_REWARDS = ITER_DIR + "/step_rewards.parquet"
+FIT_METRICS = ITER_DIR + "/fit_metrics.json"        # the fit's statistics (losses, the critic's explained variance)
 ADVANTAGES = ITER_DIR + "/advantages.parquet"
 EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"

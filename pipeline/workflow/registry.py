@@ -24,6 +24,7 @@ from pipeline.data.paths import (
     CHECKPOINT,
     EVAL,
     EVAL_METRICS,
+    FIT_METRICS,
     GROUPS,
     INITIAL_CHECKPOINT,
     ITER_DIR,
@@ -167,7 +168,7 @@ STAGES: tuple[Stage, ...] = (
     # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
     Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
                           *_model_tables(PREV_ITER_DIR)),
-          outs=(REWARD_MODEL, STEP_REWARDS, *_model_tables(ITER_DIR)),
+          outs=(REWARD_MODEL, STEP_REWARDS, FIT_METRICS, *_model_tables(ITER_DIR)),
           params=("seed", "credit.method", *_method_section, "policy.dtype", "runtime.device"), threads=2,
           enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
@@ -183,7 +184,8 @@ STAGES: tuple[Stage, ...] = (
     # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
     Stage("report", None, deps=(), outs=(REPORT[1],), params=("report", When("env", credit_oracle)),
           deps_all=(EVAL_METRICS,), metrics=(REPORT_METRICS,), plots=(REPORT[0],), mem_mb=2000, runtime=30,
-          deps_trained=tuple(When(t, credit_oracle) for t in (STEPS, GROUPS, ADVANTAGES))),
+          deps_trained=(*(When(t, credit_oracle) for t in (STEPS, GROUPS, ADVANTAGES)),
+                        When(STEP_REWARDS, lambda p: credit_oracle(p) and needs_fit(p)))),
 )
 
 STAGE_BY_NAME = {s.name: s for s in STAGES}

@@ -1,5 +1,6 @@
-"""OPRL's PRM and SPA's estimator through the workflow: the shared method runs continued with each, and both with
-LoRA reward models (their maths and models on fixed batches are tests/unit/test_oprl.py and test_spa.py)."""
+"""OPRL's PRM, SPA's estimator and GAE's critic through the workflow: the shared method runs continued with each,
+and each with a LoRA model (their maths and models on fixed batches are tests/unit/test_oprl.py, test_spa.py and
+test_gae.py)."""
 
 import json
 
@@ -7,6 +8,8 @@ import pytest
 
 from pipeline.credit.methods.spa import REPLAY
 from pipeline.data import tables
+
+LEARNED = ("oprl", "spa", "gae")   # the methods with a learned per-turn model
 
 
 @pytest.mark.e2e
@@ -28,8 +31,8 @@ def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
 
 @pytest.fixture(scope="module")
 def lora_reward_runs(grpo_run, tmp_path_factory):
-    """The shared GRPO run continued with OPRL and with SPA, each with LoRA reward models, up to iteration 2's fit
-    (keep_optimizer: all, so that a fit can be rerun alone)."""
+    """The shared GRPO run continued with OPRL, SPA and GAE, each with a LoRA model (PRM, estimator, critic), up to
+    iteration 2's fit (keep_optimizer: all, so that a fit can be rerun alone)."""
     import shutil
     import subprocess
 
@@ -38,7 +41,7 @@ def lora_reward_runs(grpo_run, tmp_path_factory):
     from tests.conftest import SNAKEMAKE, snakemake_failure
 
     dirs = {}
-    for m in ("oprl", "spa"):
+    for m in LEARNED:
         d = tmp_path_factory.mktemp(f"lora_{m}")
         shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
         params = yaml.safe_load((d / "params.yaml").read_text())
@@ -58,7 +61,7 @@ def lora_reward_runs(grpo_run, tmp_path_factory):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("method", ["oprl", "spa"])
+@pytest.mark.parametrize("method", LEARNED)
 def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_reproduces_them(
         lora_reward_runs, method, tmp_path):
     import shutil
@@ -78,8 +81,16 @@ def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_r
     if method == "oprl":       # B = 0: the PRM of iteration 1 is exactly the policy that played the rollouts
         r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
         assert r1.height > 0 and (r1["score"] == 0.0).all()
-    else:                      # the estimator's scalar head travels beside its adapter
-        assert (d / "results/iter_2/reward_model/progress_head.pt").is_file()
+    else:                      # the estimator's or critic's scalar head travels beside its adapter
+        head = {"spa": "progress_head.pt", "gae": "value_head.pt"}[method]
+        assert (d / f"results/iter_2/reward_model/{head}").is_file()
+    if method == "gae":        # scored before its fit: the zero head gives V = 0 at iteration 1, not at 2
+        r1, r2 = (tables.read_table(d / f"results/iter_{i}/step_rewards.parquet", tables.STEP_REWARDS)
+                  for i in (1, 2))
+        assert (r1["score"] == 0.0).all() and r2["score"].abs().max() > 0
+        fit = json.loads((d / "results/iter_2/fit_metrics.json").read_text())
+        assert fit["iteration"] == 2 and fit["critic_loss_after"] < fit["critic_loss_before"]
+        assert {"explained_variance_before", "explained_variance_after"} <= set(fit)
     # resume: fit 2 rerun alone from the saved state of iteration 1 writes the same scores and adapter
     rerun = tmp_path / "rerun"
     shutil.copytree(d, rerun)
@@ -93,6 +104,8 @@ def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_r
     assert (rm2 / "adapter_model.safetensors").read_bytes() == before
     again = tables.read_table(rerun / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
     assert again["score"].to_list() == scores["score"].to_list()
+    if method != "oprl":
+        assert (rm2 / head).read_bytes() == (d / f"results/iter_2/reward_model/{head}").read_bytes()
 
 
 @pytest.mark.e2e

@@ -31,6 +31,7 @@ from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episo
 from pipeline.data.section import LoraSettings, Mode, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
+from pipeline.model.scalar_head import ScalarHeadModel
 
 HEAD_FILE = "progress_head.pt"
 REPLAY_FILE = "replay.parquet"
@@ -71,104 +72,14 @@ def terms(t, cfg, episode) -> Terms:
 # ----------------------------------------------------------------------------------------------------------------
 # The progress estimator
 
-class ProgressEstimator:
-    """A base model (the policy's architecture without its LM head) and a zero-initialised scalar head."""
-
-    def __init__(self, body, hidden_size: int):
-        import torch  # start-up cost: torch
-
-        self.body = body
-        self.head = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(self.head.weight)
-        torch.nn.init.zeros_(self.head.bias)
-        self.modules = torch.nn.ModuleDict({"body": body, "head": self.head})
-        self.base: Path | None = None   # the initial policy a LoRA body adapts
-
-    @classmethod
-    def from_policy(cls, path: str | Path, dtype: str = "float32", device=None, lora=None, seed: int = 0,
-                    ) -> ProgressEstimator:
-        """The body of the policy folder at `path`, fp32 master weights computing in `dtype`; with `lora` (a
-        `LoraSettings`), fresh adapters on the frozen body (B = 0: the same hidden states)."""
-        from pipeline.model.policy import with_lora  # start-up cost: torch
-
-        est = cls._build(path, dtype, device, None if lora is None else lambda body: with_lora(body, lora, seed, None))
-        est.base = Path(path) if lora is not None else None
-        return est
-
-    @classmethod
-    def load(cls, path: str | Path, dtype: str = "float32", device=None) -> ProgressEstimator:
-        """The estimator `save` wrote: a whole body, or LoRA adapters on the initial policy's body."""
-        import torch  # start-up cost: torch
-
-        from pipeline.model.policy import adapter_base, is_adapter  # start-up cost: torch
-
-        path = Path(path)
-        if not (path / HEAD_FILE).is_file():
-            raise FileNotFoundError(f"{path}: not a progress estimator ({HEAD_FILE} missing)")
-        est = cls._build(path, dtype, device)
-        est.base = adapter_base(path) if is_adapter(path) else None
-        est.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True, map_location="cpu"))
-        return est
-
-    @classmethod
-    def _build(cls, path, dtype, device, wrap=None) -> ProgressEstimator:
-        from transformers import AutoModel  # start-up cost: transformers
-
-        from pipeline.model.policy import load_weights, resolve_device  # start-up cost: torch
-        from pipeline.model.precision import mark  # start-up cost: torch
-
-        body = load_weights(path, dtype, train=True, auto_class=AutoModel)
-        body = wrap(body) if wrap is not None else body
-        est = cls(body, body.config.hidden_size)
-        est.modules.to(device=None if device is None else resolve_device(device))
-        mark(est.modules, dtype)
-        return est
-
-    def save(self, path: str | Path) -> None:
-        """The body (a LoRA body: its adapter, pointing at the initial policy) and the head."""
-        import torch  # start-up cost: torch
-
-        from pipeline.model.policy import save_weights  # start-up cost: torch
-
-        path = Path(path)
-        save_weights(self.body, path, self.base)
-        torch.save(self.head.state_dict(), path / HEAD_FILE)
-
-    def parameters(self):
-        """The weights that train (a LoRA body's adapters and the head; else all)."""
-        return [q for q in self.modules.parameters() if q.requires_grad]
-
-    def train(self):
-        self.modules.train()
-
-    def eval(self):
-        self.modules.eval()
-
-    def __call__(self, ids, attn):
-        import torch  # start-up cost: torch
-
-        from pipeline.model.precision import autocast  # start-up cost: torch
-
-        device = self.head.weight.device
-        ids, attn = ids.to(device), attn.to(device)
-        with autocast(self.modules):
-            hidden = self.body(input_ids=ids, attention_mask=attn).last_hidden_state
-        last = attn.sum(1) - 1
-        h = hidden[torch.arange(ids.shape[0], device=device), last]
-        return self.head(h.float()).squeeze(-1)
+class ProgressEstimator(ScalarHeadModel):
+    """The policy's body and a zero-initialised scalar head read at each turn's last token (prompt + response)."""
+    head_file = HEAD_FILE
+    kind = "progress estimator"
 
     def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False):
         """c_t for each turn (prompt + response, right-padded in chunks)."""
-        import torch  # start-up cost: torch
-
-        from pipeline.model.policy import pad_batch  # start-up cost: torch
-
-        out = []
-        with torch.set_grad_enabled(grad):
-            for b in range(0, len(prompts), batch_size):
-                ids, attn, _ = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
-                out.append(self(ids, attn))
-        return torch.cat(out) if out else torch.zeros(0)
+        return self.values(prompts, responses, pad_id, batch_size, grad)
 
 
 def spa_loss(c, turn_episode, outcome):

@@ -1,0 +1,235 @@
+"""GAE: PPO's learned critic at the turn level (docs/credit-assignment.md, GAE).
+
+`A_t = whiten(GAE_t) · step_advantage_w` (+ the shared `A^E` with `episode_term: true`), where
+`GAE_t = Σ_l (γλ)^l δ_{t+l}` within the episode, `δ_t = r_t + γ V(s_{t+1}) [t+1 < T] − V(s_t)` (no bootstrap after
+an episode's last turn, terminated or truncated), and `V(s_t)` the critic's value of the state the turn was taken
+in, written by the fit stage (`score`) with the critic as it was before this iteration's fit.
+
+The critic is the initial policy's body (all weights, or LoRA adapters) with a zero-initialised scalar head on
+the last prompt token: the state before the response. Each iteration it scores the turns, then fits the λ-returns
+`GAE_t + V_old(s_t)` of those values with `½ (V − target)²` (optionally clipped around `V_old`, verl's
+`cliprange_value`) for `epochs` shuffled passes. Its diagnostics: the loss on this iteration's targets before and
+after the fit, and the explained variance of its values against the turns' discounted returns.
+
+Loading params imports this module (the schema is assembled from the method registry), so torch, transformers
+and `pipeline.model` are imported inside the functions that train or score (start-up cost).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from pipeline.credit.base import Method, Terms, discounted_returns, episode_advantage, group_norm, register
+from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
+from pipeline.data.section import LoraSettings, Section
+from pipeline.data.seeds import stage_seed
+from pipeline.model.scalar_head import ScalarHeadModel
+
+
+class GaeConfig(Section):
+    """A learned turn-level critic; by default no episode term (PPO). The critic's optimiser defaults are verl's."""
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount γ between turns")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE's λ between turns (1: the return minus the value; "
+                       "0: the one-step TD error)")
+    step_advantage_w: float = Field(1.0, ge=0.0, description="weight of the whitened GAE")
+    episode_term: bool = Field(False, description="add the shared episode term A^E (credit.episode), to compare "
+                               "the critic's step credit with GiGPO's on the same footing; false: pure PPO")
+    lr: float = Field(1e-5, gt=0.0, description="critic AdamW learning rate (verl's critic default)")
+    weight_decay: float = Field(0.01, ge=0.0, description="critic AdamW weight decay (verl's critic default)")
+    epochs: int = Field(1, ge=0, description="passes over the iteration's turns per fit (verl's ppo_epochs)")
+    minibatch_size: int = Field(64, ge=1, description="turns per critic optimiser step")
+    value_clip: float | None = Field(0.5, gt=0.0, description="clip the new value to V_old ± this in the loss "
+                                     "(verl's cliprange_value); null: no clipping")
+    grad_clip: float = Field(1.0, gt=0.0)
+    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
+                                      "instead of every weight of the critic (null)")
+
+
+def gae(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, values: np.ndarray, gamma: float,
+        lam: float) -> np.ndarray:
+    """`GAE_t` per row (docs/credit-assignment.md, GAE); rows sorted by (episode_id, step), turns consecutive."""
+    episode_id, values = np.asarray(episode_id), np.asarray(values, dtype=np.float64)
+    n = len(values)
+    if n == 0:
+        return np.zeros(0)
+    same = np.r_[episode_id[1:] == episode_id[:-1], False]        # row t+1 is the same episode's next turn
+    v_next = np.where(same, np.r_[values[1:], 0.0], 0.0)
+    delta = np.asarray(reward, dtype=np.float64) + gamma * v_next - values
+    return discounted_returns(episode_id, step, delta, gamma * lam)
+
+
+def terms(t, cfg, episode) -> Terms:
+    A = gae(t.episode_id, t.step, t.reward, t.col("score"), cfg.gamma, cfg.lam)
+    whitened = group_norm(A, np.zeros(t.n, dtype=np.int64), "mean_std_norm")   # over every turn of the iteration
+    ep = episode_advantage(t, episode) if cfg.episode_term else t.zeros()
+    return Terms(ep, A, cfg.step_advantage_w * whitened)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The critic
+
+class Critic(ScalarHeadModel):
+    """The policy's body and a zero-initialised scalar head read at the last prompt token of each turn."""
+    head_file = "value_head.pt"
+    kind = "critic"
+
+    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False):
+        """V(s_t) for each turn's prompt (the state before its response)."""
+        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad)
+
+
+def value_loss(v, v_old, target, clip: float | None):
+    """`½ (V − target)²`, with `clip`: `½ max((V − target)², (V_old + clamp(V − V_old, ±clip) − target)²)`
+    (verl's clipped value loss), averaged over the turns."""
+    import torch  # start-up cost: torch
+
+    loss = (v - target) ** 2
+    if clip is not None:
+        clipped = v_old + torch.clamp(v - v_old, -clip, clip)
+        loss = torch.maximum(loss, (clipped - target) ** 2)
+    return 0.5 * loss.mean()
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
+    """`1 − Var(returns − values) / Var(returns)`: 1 a perfect critic, 0 one no better than the mean."""
+    var = float(np.var(returns))
+    return 1.0 - float(np.var(returns - values)) / var if var > 0 else math.nan
+
+
+def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: np.ndarray, cfg, pad_id: int,
+                 seed: int, progress: Log = None) -> dict[str, float]:
+    """`cfg.epochs` shuffled passes over the turns in minibatches of `cfg.minibatch_size`."""
+    import torch  # start-up cost: torch
+
+    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
+
+    n = len(prompts)
+    gen = torch.Generator().manual_seed(seed)
+    stepper = Stepper(critic.modules, optimizer, cfg.grad_clip)
+    v_old_t, target_t = torch.as_tensor(v_old, dtype=torch.float32), torch.as_tensor(target, dtype=torch.float32)
+    steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
+    step, started, losses = 0, time.perf_counter(), []
+    critic.train()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(n, generator=gen).tolist()
+        for b in range(0, n, cfg.minibatch_size):
+            rows = order[b: b + cfg.minibatch_size]
+            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True)
+            idx = torch.tensor(rows)
+            loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"GAE critic loss is {float(loss)} at epoch {epoch}")
+            optimizer.zero_grad(set_to_none=True)
+            stepper.backward(loss)
+            stepper.step(f"GAE critic epoch {epoch}")
+            losses.append(float(loss.detach()))
+            step += 1
+            if progress is not None and (step % 10 == 0 or step == steps_total):
+                progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, "
+                         f"{step / (time.perf_counter() - started):.2f} steps/s")
+    critic.eval()
+    return {"critic_steps": float(step)}
+
+
+@dataclass
+class GaeState:
+    critic: Critic
+    tokenizer: object
+    optimizer: object
+
+
+@dataclass
+class GaeBatch:
+    prompts: list
+    episode_id: np.ndarray
+    step: np.ndarray
+    reward: np.ndarray
+    seed: int
+    values: np.ndarray | None = None   # V_old(s_t): the critic's values before this iteration's fit
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+class TurnCritic(StepRewardModel):
+    score_kind = "state"   # the score is V(s_t), a state's value: the oracle compares it with the distance left
+
+    def init(self, policy_dir: Path, params) -> GaeState:
+        from transformers import AutoTokenizer  # start-up cost: transformers
+
+        from pipeline.model import adamw  # start-up cost: torch
+
+        cfg = params.credit.gae
+        critic = Critic.from_policy(policy_dir, params.policy.dtype, params.runtime.device, cfg.lora,
+                                    seed=stage_seed("reward_init", params.seed))
+        tok = AutoTokenizer.from_pretrained(policy_dir, local_files_only=True)
+        return GaeState(critic, tok, adamw.build(critic.parameters(), cfg.lr, cfg.weight_decay))
+
+    def load(self, model_dir: Path, tables, params) -> GaeState:
+        from transformers import AutoTokenizer  # start-up cost: transformers
+
+        from pipeline.model import adamw  # start-up cost: torch
+
+        cfg = params.credit.gae
+        check_lora(model_dir, cfg.lora, "credit.gae.lora")
+        critic = Critic.load(model_dir, params.policy.dtype, params.runtime.device)
+        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        return GaeState(critic, tok, adamw.build(critic.parameters(), cfg.lr, cfg.weight_decay))
+
+    def save(self, state: GaeState, model_dir: Path) -> dict:
+        state.critic.save(model_dir)
+        state.tokenizer.save_pretrained(model_dir)
+        return {}
+
+    def prepare(self, state: GaeState, steps, rollout_policy, initial_policy, iteration, params) -> GaeBatch:
+        return GaeBatch(steps["prompt_ids"].to_list(), steps["episode_id"].to_numpy(), steps["step"].to_numpy(),
+                        steps["reward"].to_numpy().astype(np.float64), seed=stage_seed("fit", params.seed, iteration))
+
+    def score_first(self, params) -> bool:
+        return True   # PPO's order: the advantages come from the values before the critic's fit
+
+    def _values(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
+        v = state.critic.state_values(b.prompts, _pad_id(state.tokenizer), params.credit.gae.batch_size)
+        return v.double().cpu().numpy()
+
+    def score(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
+        if b.values is None:
+            b.values = self._values(state, b, params)
+        return b.values
+
+    def _targets(self, b: GaeBatch, cfg) -> np.ndarray:
+        return gae(b.episode_id, b.step, b.reward, b.values, cfg.gamma, cfg.lam) + b.values
+
+    def fit(self, state: GaeState, b: GaeBatch, iteration, params, log: Log = None) -> dict[str, float]:
+        cfg = params.credit.gae
+        if b.values is None:
+            b.values = self._values(state, b, params)
+        target = self._targets(b, cfg)
+        if log is not None:
+            log(f"fitting the critic on {len(b.prompts)} turns ({cfg.epochs} epochs, minibatches of "
+                f"{cfg.minibatch_size})")
+        stats = train_critic(state.critic, state.optimizer, b.prompts, b.values, target, cfg,
+                             _pad_id(state.tokenizer), seed=b.seed, progress=log)
+        after = self._values(state, b, params)
+        returns = discounted_returns(b.episode_id, b.step, b.reward, cfg.gamma)
+        stats.update({
+            "critic_loss_before": float(0.5 * np.mean((b.values - target) ** 2)) if len(target) else 0.0,
+            "critic_loss_after": float(0.5 * np.mean((after - target) ** 2)) if len(target) else 0.0,
+            "explained_variance_before": explained_variance(b.values, returns),
+            "explained_variance_after": explained_variance(after, returns),
+            "value_mean": float(b.values.mean()) if len(b.values) else 0.0,
+        })
+        return stats
+
+
+METHOD = register(Method("gae", "whiten(GAE_t) of a learned turn-level critic V(s_t) (+ A^E with episode_term)",
+                         GaeConfig, terms, columns=("score",), step_weight="step_advantage_w",
+                         reward_model=TurnCritic(), order=7))
