@@ -20,11 +20,12 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     assert p.credit.method == "grpo" and p.rollout.group_size == 8 and p.env.max_turns == 15
     assert p.prompt.history_turns == 2 and p.credit.invalid_penalty == 0.1
     assert p.credit.episode.episode_stats == "per_turn" and p.credit.episode.mode == "mean_std_norm"
-    # the deliberate differences: OPRL's and SPA's learned models set for the tiny policy (README, Step terms on
+    # the deliberate differences: OPRL's, SPA's and GAE's learned models set for the tiny policy (README, Step terms on
     # the tiny policy); the schema keeps the papers' values
-    tiny = {"oprl": {"lr": 1e-3, "steps": 4}, "spa": {"grounding_w": 0.0, "lr": 3e-3, "epochs": 4}}
+    tiny = {"oprl": {"lr": 1e-3, "steps": 4}, "spa": {"grounding_w": 0.0, "lr": 3e-3, "epochs": 4},
+            "gae": {"lr": 1e-3}}
     paper = Params().credit
-    assert (paper.oprl.lr, paper.oprl.steps, paper.spa.grounding_w) == (1e-6, 1, 0.5)
+    assert (paper.oprl.lr, paper.oprl.steps, paper.spa.grounding_w, paper.gae.lr) == (1e-6, 1, 0.5, 1e-5)
     for method, keys in tiny.items():
         assert getattr(p.credit, method) == getattr(paper, method).model_copy(update=keys)
     credit = p.credit.model_copy(update={m: getattr(paper, m) for m in tiny})
