@@ -3,7 +3,7 @@ statistics, the episode-level term all methods share, and the invalid-action pen
 
 A method is one module in `pipeline/credit/methods/` that calls `register(Method(...))`. The `Method` holds its params
 section (a pydantic class, assembled into `credit.<name>` of the schema), the columns its advantage function reads
-besides the step keys, that pure function, and for methods with a learned step reward (OPRL, SPA) its
+besides the step keys, that pure function, and for methods with a learned step reward (OPRL, SPA, GAE) its
 `StepRewardModel`. The schema's method list, the stage registry's fit stages, the fit stage's dispatch and the
 benchmarks all read this registry; nothing else names a method.
 
