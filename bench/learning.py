@@ -14,9 +14,10 @@ files), logged to the repository's MLflow store like any run. Output in `--out`:
 - learning_curves.csv: success rate per method, seed and iteration (held-out evaluation);
 - learning.csv: per method, mean and standard deviation over seeds of the final success, the best success, the
   area under the curve (mean success over iterations 0..T) and the gain (final minus iteration 0), beside the
-  mean oracle ROC-AUC of the step term and of the advantage the runs trained on (Sokoban's oracle);
+  mean oracle ROC-AUC of the step term and of the advantage the runs trained on (Sokoban's oracle), and for a
+  method with a learned model the oracle score of its own output (`oracle_auc_own_score`; GAE: its values);
 - learning_credit.csv: that oracle credit quality per method, seed and iteration, with the share of turns with a
-  step signal and in non-singleton anchor groups;
+  step signal and in non-singleton anchor groups (and `auc_score`, the learned model's own);
 - learning_vs_grpo.csv: per method, the per-seed difference from GRPO's final success (mean, std);
 - learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
 """
@@ -116,7 +117,8 @@ def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataF
 
     frames = [run_credit(work / f"{m}_s{s}" / "results", load_params(work / f"{m}_s{s}" / "params.yaml"))
               .with_columns(pl.lit(m).alias("method"), pl.lit(s).alias("seed")) for m in methods for s in seeds]
-    return pl.concat(frames).select("method", "seed", pl.all().exclude("method", "seed"))
+    # diagonal: a method with a learned model adds the oracle score of its own output (`auc_score`)
+    return pl.concat(frames, how="diagonal_relaxed").select("method", "seed", pl.all().exclude("method", "seed"))
 
 
 def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -139,7 +141,8 @@ def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple
         oracle = credit.group_by("method", maintain_order=True).agg(
             pl.col("auc_step_term").mean().alias("oracle_auc_step_term"),
             pl.col("auc").mean().alias("oracle_auc_advantage"),
-            pl.col("share_nonzero_step_signal").mean().alias("share_nonzero_step_signal"))
+            pl.col("share_nonzero_step_signal").mean().alias("share_nonzero_step_signal"),
+            *([pl.col("auc_score").mean().alias("oracle_auc_own_score")] if "auc_score" in credit.columns else []))
         table = table.join(oracle, on="method", how="left", maintain_order="left")
     vs = pl.DataFrame()
     if "grpo" in per_run["method"].to_list():
