@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.credit.methods import get
 from pipeline.data.tables import ADVANTAGES, GROUPS, STEP_REWARDS, STEPS, read_table
 from pipeline.envs.base import make_env, require
 
@@ -108,7 +107,7 @@ def run_credit(results: Path, params) -> pl.DataFrame:
     advantage and of the step term, the share of turns with a step signal, and the step-group sizes (the share of
     turns in a non-singleton anchor group, docs/credit-assignment.md, GiGPO). For a method with a learned per-turn
     model, also `auc_score`, the oracle score of the model's own output (`score_advantages`)."""
-    model = get(params.credit.method).reward_model
+    model = params.credit.method_def.reward_model   # through params: the report's code is not every method's
     rows = []
     for it in sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/advantages.parquet")):
         d = results / f"iter_{it}"
