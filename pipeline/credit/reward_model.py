@@ -28,7 +28,7 @@ Log = Callable[[str], None] | None
 
 class StepRewardModel(ABC):
     extra_tables: dict[str, Table] = {}  # file name in the iteration folder -> its declared table
-    # what the per-turn score rates, for the oracle (pipeline.credit.oracle.score_quality): "turn", the action
+    # what the per-turn score rates, for the oracle (pipeline.credit.oracle.score_advantages): "turn", the action
     # (OPRL's r_φ, SPA's c_t: good turns should score higher), or "state", the state it was taken in (GAE's V(s_t):
     # states fewer moves from success should score higher)
     score_kind: str = "turn"

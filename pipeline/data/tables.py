@@ -89,7 +89,7 @@ GROUPS = Table(GROUPS_SCHEMA)
 STEP_REWARDS_SCHEMA = pa.schema([     # the fit stage's learned per-turn scores (OPRL's r_φ, SPA's c_t, GAE's V(s_t))
     ("episode_id", pa.int64()),
     ("step", pa.int32()),
-    ("score", pa.float64()),          # OPRL: implicit reward r_phi(t) (beta included); SPA: contribution c_t
+    ("score", pa.float64()),          # OPRL: r_phi(t) (beta included); SPA: contribution c_t; GAE: V(s_t)
 ])
 
 STEP_REWARDS = Table(STEP_REWARDS_SCHEMA, finite=("score",))

@@ -53,6 +53,15 @@ class Stepper:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
+    def minimize(self, loss: torch.Tensor, where: str) -> float:
+        """One whole optimiser step on `loss`: a non-finite loss stops training before any gradient is taken
+        (`NonFiniteError` naming `where`); then zero the gradients, backward and `step`."""
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"loss is {float(loss)} at {where}")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.backward(loss)
+        return self.step(where)
+
     def step(self, where: str) -> float:
         """Clip and apply the accumulated gradients; returns the gradient norm. A non-finite norm stops training
         (`NonFiniteError` naming `where`), except under fp16 scaling, where the scaler skips the step and lowers

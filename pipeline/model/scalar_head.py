@@ -15,6 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def pad_id(tokenizer) -> int:
+    """The id that pads a batch for these models: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 class ScalarHeadModel:
     """A base model and a scalar head; subclasses name the file the head is saved in (`head_file`)."""
 

@@ -29,7 +29,7 @@ from pipeline.credit.base import Method, Terms, discounted_returns, episode_adva
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
 from pipeline.data.section import LoraSettings, Section
 from pipeline.data.seeds import stage_seed
-from pipeline.model.scalar_head import ScalarHeadModel
+from pipeline.model.scalar_head import ScalarHeadModel, pad_id
 
 
 class GaeConfig(Section):
@@ -108,7 +108,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
     """`cfg.epochs` shuffled passes over the turns in minibatches of `cfg.minibatch_size`."""
     import torch  # start-up cost: torch
 
-    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
+    from pipeline.model.precision import Stepper  # start-up cost: torch
 
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
@@ -124,11 +124,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
             v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True)
             idx = torch.tensor(rows)
             loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
-            if not torch.isfinite(loss):
-                raise NonFiniteError(f"GAE critic loss is {float(loss)} at epoch {epoch}")
-            optimizer.zero_grad(set_to_none=True)
-            stepper.backward(loss)
-            stepper.step(f"GAE critic epoch {epoch}")
+            stepper.minimize(loss, f"GAE critic epoch {epoch}")
             losses.append(float(loss.detach()))
             step += 1
             if progress is not None and (step % 10 == 0 or step == steps_total):
@@ -153,10 +149,6 @@ class GaeBatch:
     reward: np.ndarray
     seed: int
     values: np.ndarray | None = None   # V_old(s_t): the critic's values before this iteration's fit
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 class TurnCritic(StepRewardModel):
@@ -197,7 +189,7 @@ class TurnCritic(StepRewardModel):
         return True   # PPO's order: the advantages come from the values before the critic's fit
 
     def _values(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
-        v = state.critic.state_values(b.prompts, _pad_id(state.tokenizer), params.credit.gae.batch_size)
+        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), params.credit.gae.batch_size)
         return v.double().cpu().numpy()
 
     def score(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
@@ -210,14 +202,13 @@ class TurnCritic(StepRewardModel):
 
     def fit(self, state: GaeState, b: GaeBatch, iteration, params, log: Log = None) -> dict[str, float]:
         cfg = params.credit.gae
-        if b.values is None:
-            b.values = self._values(state, b, params)
+        self.score(state, b, params)             # V_old: the values before the fit (computed once per batch)
         target = self._targets(b, cfg)
         if log is not None:
             log(f"fitting the critic on {len(b.prompts)} turns ({cfg.epochs} epochs, minibatches of "
                 f"{cfg.minibatch_size})")
         stats = train_critic(state.critic, state.optimizer, b.prompts, b.values, target, cfg,
-                             _pad_id(state.tokenizer), seed=b.seed, progress=log)
+                             pad_id(state.tokenizer), seed=b.seed, progress=log)
         after = self._values(state, b, params)
         returns = discounted_returns(b.episode_id, b.step, b.reward, cfg.gamma)
         stats.update({

@@ -31,7 +31,7 @@ from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episo
 from pipeline.data.section import LoraSettings, Mode, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
-from pipeline.model.scalar_head import ScalarHeadModel
+from pipeline.model.scalar_head import ScalarHeadModel, pad_id
 
 HEAD_FILE = "progress_head.pt"
 REPLAY_FILE = "replay.parquet"
@@ -95,7 +95,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
     """`cfg.epochs` passes over the replay in shuffled batches of `cfg.episodes_per_batch` whole episodes."""
     import torch  # start-up cost: torch
 
-    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
+    from pipeline.model.precision import Stepper  # start-up cost: torch
 
     n_eps = len(outcome)
     turns_of = [[] for _ in range(n_eps)]
@@ -118,11 +118,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
                                   cfg.batch_size, grad=True)
             loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
-            if not torch.isfinite(loss):
-                raise NonFiniteError(f"SPA estimator loss is {float(loss)} at epoch {epoch}")
-            optimizer.zero_grad(set_to_none=True)
-            stepper.backward(loss)
-            stepper.step(f"SPA estimator epoch {epoch}")
+            stepper.minimize(loss, f"SPA estimator epoch {epoch}")
             batch_losses.append(float(loss.detach()))
             weights.append(len(eps))
             step += 1
@@ -150,10 +146,6 @@ class SpaBatch:
     outcome: np.ndarray          # per episode of this iteration
     replay: pl.DataFrame         # the training window, this iteration included
     seed: int
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 class ProgressModel(StepRewardModel):
@@ -208,10 +200,10 @@ class ProgressModel(StepRewardModel):
                 f"{b.replay['iteration'].min()}..{b.replay['iteration'].max()}")
         return train_progress(state.estimator, state.optimizer, b.replay["prompt_ids"].to_list(),
                               b.replay["response_ids"].to_list(), te, outcome, params.credit.spa,
-                              _pad_id(state.tokenizer), seed=b.seed, progress=log)
+                              pad_id(state.tokenizer), seed=b.seed, progress=log)
 
     def score(self, state: SpaState, b: SpaBatch, params) -> np.ndarray:
-        c = state.estimator.contributions(b.prompts, b.responses, _pad_id(state.tokenizer),
+        c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer),
                                           params.credit.spa.batch_size)
         return c.double().cpu().numpy()
 
