@@ -12,6 +12,7 @@ import ast
 import hashlib
 import inspect
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -50,6 +51,18 @@ class When:
     cond: Callable[[Params], bool]
 
 
+@dataclass(frozen=True)
+class Named:
+    """A dependency outside the run's folder whose path the params give (the user's model file or folder), so
+    that replacing it reruns the stage in both tools; none where `get` returns None."""
+    get: Callable[[Params], str | None]
+
+
+def policy_source(p: Params) -> str | None:
+    """The model `init` imports (`policy.path`: a GGUF file or a model folder), as the params spell it."""
+    return None if p.policy.path is None else strip_dir(os.path.expanduser(p.policy.path))
+
+
 def needs_fit(p: Params) -> bool:
     return p.credit.needs_fit
 
@@ -62,12 +75,26 @@ def method_is(name: str) -> Callable[[Params], bool]:
     return lambda p: p.credit.method == name
 
 
-Entry = str | When
+Entry = str | When | Named
 
 
 def resolve(entries: tuple[Entry, ...], params: Params) -> list[str]:
-    return [e.item if isinstance(e, When) else e for e in entries
-            if not isinstance(e, When) or e.cond(params)]
+    out = []
+    for e in entries:
+        if isinstance(e, Named):
+            path = e.get(params)
+            if path is not None:
+                out.append(path)
+        elif not isinstance(e, When):
+            out.append(e)
+        elif e.cond(params):
+            out.append(e.item)
+    return out
+
+
+def named_inputs(stage: Stage, params: Params) -> list[str]:
+    """The stage's dependencies that the params name (outside the run's folder, made by no stage)."""
+    return resolve(tuple(e for e in stage.deps if isinstance(e, Named)), params)
 
 
 @dataclass(frozen=True)
@@ -150,7 +177,7 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("init", None, deps=(), outs=(INITIAL_CHECKPOINT,),
+    Stage("init", None, deps=(Named(policy_source),), outs=(INITIAL_CHECKPOINT,),
           params=("seed", "env", "prompt", "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
                   "warmstart", "runtime.device"), threads=2, loads_model=True),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's

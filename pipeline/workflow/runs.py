@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.config.params import Params, load_params
 from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
-from pipeline.workflow.registry import enabled_stages, params_fingerprint, stage_iterations
+from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
 
@@ -66,10 +66,11 @@ def share_base(params: Params, log=print) -> list[str]:
     made: set[str] = set()      # this run's paths the reused jobs provide
     for stage, it in _jobs(params, params.run.base.through):
         deps = _paths(stage, params, it, stage.deps_templates(params))
+        external = set(named_inputs(stage, params))     # the same params name the same file (fingerprint)
         own_outs = _paths(stage, params, it, stage.outs_for(params))
         name = f"{stage.name}@{it}" if it is not None else stage.name
         if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
-                or any(d not in made for d in deps)):
+                or any(d not in made for d in deps if d not in external)):
             continue
         base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]
         if not all(p.exists() for p in base_paths):

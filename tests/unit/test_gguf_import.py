@@ -171,6 +171,38 @@ def test_init_writes_a_plain_folder_that_reloads_and_warm_starts(tiny, tmp_path)
     assert not torch.allclose(_logits(reloaded, ids), _logits(model, ids), atol=1e-3)   # trained, then merged
 
 
+def _plans_init(d) -> bool:
+    r = subprocess.run([sys.executable, "-m", "snakemake", "results/iter_0/checkpoint", "--cores", "1", "-n"],
+                       cwd=d, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return "rule init:" in r.stdout + r.stderr
+
+
+def test_the_gguf_file_is_an_input_of_init_in_both_tools(tiny, tmp_path, monkeypatch):
+    """Replacing the model file policy.path names reruns init: Snakemake plans it again, and dvc.yaml lists the file
+    among init's deps (DVC hashes it)."""
+    from pipeline.workflow.dvcgen import render
+    from tests.conftest import workflow_files
+
+    model, tok = tiny
+    write_gguf(tmp_path / "tiny.gguf", model, tok)
+    params = {"policy": {"path": "tiny.gguf", "max_new_tokens": 8}, "tracking": {"enabled": False},
+              "loop": {"iterations": 1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    workflow_files(tmp_path)
+    assert _plans_init(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "snakemake", "results/iter_0/checkpoint", "--cores", "1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not _plans_init(tmp_path)
+    write_gguf(tmp_path / "tiny.gguf", model, tok, qtype="Q8_0")     # other weights under the same name
+    assert _plans_init(tmp_path)
+    monkeypatch.chdir(tmp_path)      # policy.path is relative to the project's folder, as Snakemake and DVC run
+    dvc = yaml.safe_load(render(load_params(tmp_path / "params.yaml")))
+    assert dvc["stages"]["init"]["deps"][-1] == "tiny.gguf"
+    assert "tiny.gguf" not in dvc["stages"]["rollout"]["do"]["deps"]
+
+
 def test_warm_start_lowers_the_loss_and_makes_actions_valid_and_lora_trains_adapters_only(tokenizer):
     """A handful of Sokoban demonstrations through a chat template. Full fine-tuning: the loss falls and greedy
     answers to the demonstration prompts become valid actions. LoRA: the loss falls too, and only the adapters
