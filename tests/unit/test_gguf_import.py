@@ -144,33 +144,6 @@ def test_a_q8_0_gguf_is_dequantized_close_to_the_original(tiny, tmp_path):
     assert 0 < err.max() and bool((err <= step * 0.57).all())
 
 
-def test_init_writes_a_plain_folder_that_reloads_and_warm_starts(tiny, tmp_path):
-    """init on a GGUF file: a plain folder (no quantization config, safetensors, the chat template) that
-    load_policy reads back with the same logits; and its warm start (a few steps, LoRA merged back) logs a loss
-    that falls."""
-    model, tok = tiny
-    write_gguf(tmp_path / "tiny.gguf", model, tok)
-    params = {"policy": {"path": "tiny.gguf", "max_new_tokens": 8}, "tracking": {"enabled": False},
-              "prompt": {"history_turns": 0},
-              "warmstart": {"episodes": 6, "steps": 12, "clean_steps": 12, "batch_size": 8, "lr": 3e-3,
-                            "lora": {"r": 4, "alpha": 8}}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    r = subprocess.run([sys.executable, "-m", "stages.init", "--params", "params.yaml"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = tmp_path / "results/iter_0/checkpoint"
-    config = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in config and (out / "model.safetensors").is_file()
-    assert not (out / "adapter_config.json").exists()          # the warm start's adapters were merged
-    reloaded, rtok = load_policy(out)
-    assert rtok.chat_template == CHAT
-    out_text = r.stdout + r.stderr
-    assert "dequantizing tiny.gguf: llama (tiny-test), 20 tensors of type F32" in out_text
-    assert "warm start step 12/12" in out_text
-    ids = tok("push the box", add_special_tokens=False)["input_ids"]
-    assert not torch.allclose(_logits(reloaded, ids), _logits(model, ids), atol=1e-3)   # trained, then merged
-
-
 def _plans_init(d) -> bool:
     r = subprocess.run([sys.executable, "-m", "snakemake", "results/iter_0/checkpoint", "--cores", "1", "-n"],
                        cwd=d, capture_output=True, text=True, timeout=300)
@@ -178,26 +151,42 @@ def _plans_init(d) -> bool:
     return "rule init:" in r.stdout + r.stderr
 
 
-def test_the_gguf_file_is_an_input_of_init_in_both_tools(tiny, tmp_path, monkeypatch):
-    """Replacing the model file policy.path names reruns init: Snakemake plans it again, and dvc.yaml lists the file
-    among init's deps (DVC hashes it)."""
+def test_init_writes_a_plain_folder_that_reloads_and_warm_starts(tiny, tmp_path, monkeypatch):
+    """init on a GGUF file, through Snakemake: a plain folder (no quantization config, safetensors, the chat
+    template) that load_policy reads back; its warm start (a few steps, LoRA merged back) logs a loss that falls.
+    The file is an input of init in both tools: other weights under the same name make Snakemake plan init again,
+    and dvc.yaml lists it among init's deps."""
     from pipeline.workflow.dvcgen import render
     from tests.conftest import workflow_files
 
     model, tok = tiny
     write_gguf(tmp_path / "tiny.gguf", model, tok)
     params = {"policy": {"path": "tiny.gguf", "max_new_tokens": 8}, "tracking": {"enabled": False},
-              "loop": {"iterations": 1}}
+              "prompt": {"history_turns": 0}, "loop": {"iterations": 1},
+              "warmstart": {"episodes": 6, "steps": 12, "clean_steps": 12, "batch_size": 8, "lr": 3e-3,
+                            "lora": {"r": 4, "alpha": 8}}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     workflow_files(tmp_path)
     assert _plans_init(tmp_path)
     r = subprocess.run([sys.executable, "-m", "snakemake", "results/iter_0/checkpoint", "--cores", "1"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "results/iter_0/checkpoint"
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and (out / "model.safetensors").is_file()
+    assert not (out / "adapter_config.json").exists()          # the warm start's adapters were merged
+    reloaded, rtok = load_policy(out)
+    assert rtok.chat_template == CHAT
+    out_text = (tmp_path / "results/logs/init.log").read_text()
+    assert "dequantizing tiny.gguf: llama (tiny-test), 20 tensors of type F32" in out_text
+    assert "warm start step 12/12" in out_text
+    ids = tok("push the box", add_special_tokens=False)["input_ids"]
+    assert not torch.allclose(_logits(reloaded, ids), _logits(model, ids), atol=1e-3)   # trained, then merged
+
     assert not _plans_init(tmp_path)
     write_gguf(tmp_path / "tiny.gguf", model, tok, qtype="Q8_0")     # other weights under the same name
     assert _plans_init(tmp_path)
-    monkeypatch.chdir(tmp_path)      # policy.path is relative to the project's folder, as Snakemake and DVC run
+    monkeypatch.chdir(tmp_path)      # policy.path is relative to the project's folder, where both tools run
     dvc = yaml.safe_load(render(load_params(tmp_path / "params.yaml")))
     assert dvc["stages"]["init"]["deps"][-1] == "tiny.gguf"
     assert "tiny.gguf" not in dvc["stages"]["rollout"]["do"]["deps"]
