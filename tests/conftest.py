@@ -104,6 +104,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_RUNS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("shared_runs"))
+    items.sort(key=_cost_rank)
+
+
+# xdist hands out whole groups and modules in collection order (`--no-loadscope-reorder`): the longest first (the
+# shared runs, then the real model's and vLLM's runs, then the other end-to-end modules), so that the many short
+# unit tests fill the end and neither worker is left alone with a long group.
+HEAVY_GROUPS = ("shared_runs", "smollm2", "vllm")
+
+
+def _cost_rank(item) -> int:
+    group = next((m.args[0] for m in item.iter_markers("xdist_group")), None)
+    if group in HEAVY_GROUPS:
+        return HEAVY_GROUPS.index(group)
+    return len(HEAVY_GROUPS) + (0 if item.get_closest_marker("e2e") else 1)
 
 
 SHARED_RUN_METHODS = tuple(m for m in METHODS if m not in ("grpo", "rloo"))

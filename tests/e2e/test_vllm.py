@@ -17,7 +17,7 @@ from pipeline.data import tables
 from pipeline.model.policy import load_policy, pad_batch, token_logprobs
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm")]   # one worker starts the run once
 vllm = pytest.importorskip("vllm", reason="scripts/install-vllm installs vLLM (CI does)")
 
 
