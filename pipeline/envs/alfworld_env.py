@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.data.section import EnvSection
 from pipeline.data.seeds import fields
@@ -55,6 +55,16 @@ class AlfWorldConfig(EnvSection):
                                   "3 pick_clean_then_place_in_recep, 4 pick_heat_then_place_in_recep, "
                                   "5 pick_cool_then_place_in_recep, 6 pick_two_obj_and_place")
     max_turns: int = Field(30, ge=1, le=500, description="turns before an episode is truncated")
+
+    @model_validator(mode="after")
+    def _splits_exist(self):
+        """A missing data_path or split folder is refused when the params load, not in the first stage."""
+        for split in dict.fromkeys((self.split, self.eval_split)):
+            folder = _root(self) / split
+            if not folder.is_dir():
+                raise ValueError(f"data_path: {folder} is not a folder; expected ALFWorld's split folders "
+                                 f"(train, valid_seen, valid_unseen) under {_root(self)}")
+        return self
 
 
 def _root(cfg: AlfWorldConfig) -> Path:

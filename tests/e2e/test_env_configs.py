@@ -27,3 +27,15 @@ def test_tiny_alfworld_configuration_end_to_end(tmp_path):
         steps["prompt"][0]
     held_out = pl.read_parquet(tmp_path / "results/iter_1/eval.parquet")
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4
+
+
+@pytest.mark.e2e
+def test_tiny_webshop_configuration_end_to_end(tmp_path):
+    run_env_config(tmp_path, "webshop.yaml", policy={"max_new_tokens": 30})
+    import polars as pl
+
+    steps = pl.read_parquet(tmp_path / "results/iter_1/steps.parquet")
+    assert steps["prompt"][0].startswith("WebShop. Instruction: ") and \
+        "Admissible actions: [search[<your query>]]" in steps["prompt"][0]
+    held_out = pl.read_parquet(tmp_path / "results/iter_1/eval.parquet")
+    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4     # search, click, options, buy

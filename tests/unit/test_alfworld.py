@@ -161,9 +161,19 @@ def test_held_out_tasks_come_from_the_eval_split_in_order():
     assert not train & set(valid)
 
 
-def test_a_missing_data_path_is_named(tmp_path):
-    env = make_env(alf_params(data_path=str(tmp_path / "nowhere")).env)
-    with pytest.raises(ValueError, match=r"env.data_path: .*nowhere/train is not a folder"):
-        env.reset(task_seed("train", 0, 1, 0))
+def test_a_missing_data_path_is_named_when_the_params_load(tmp_path):
+    import yaml
+
+    from pipeline.config.params import ParamsError, load_params
+
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"env": {"name": "alfworld",
+                                                             "data_path": str(tmp_path / "nowhere")}}))
+    with pytest.raises(ParamsError, match=r"(?s)p\.yaml.*key 'env.alfworld'.*data_path: .*nowhere/train is not a "
+                                          r"folder; expected ALFWorld's split folders"):
+        load_params(tmp_path / "p.yaml")
+    (tmp_path / "json" / "train").mkdir(parents=True)                  # the held-out split is checked too
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"env": {"name": "alfworld", "data_path": str(tmp_path / "json")}}))
+    with pytest.raises(ParamsError, match=r"json/valid_seen is not a folder"):
+        load_params(tmp_path / "p.yaml")
     with pytest.raises(ValueError, match="env.task_types: unknown task types"):
         make_env(alf_params(task_types=[7]).env).reset(task_seed("train", 0, 1, 0))
