@@ -5,6 +5,7 @@ the growth of its peak resident memory over a warmed-up baseline is compared wit
 [batch, tokens, vocab] fp32 logits (586 MiB), which the same process builds in the control run.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -47,7 +48,10 @@ SCRIPT = textwrap.dedent(f"""
 
 
 def peak_growth_mb(mode: str) -> tuple[float, int]:
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=600)
+    # a fixed mmap threshold: glibc otherwise raises it after the first large free, and later [batch, vocab]
+    # tensors then come from the heap, whose fragments can lift the peak by hundreds of MiB on a loaded machine
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     growth, tokens = r.stdout.split()
     return float(growth), int(tokens)
