@@ -100,10 +100,14 @@ SHARED_RUNS = {"grpo_run", "method_runs"}   # built once per worker: their tests
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Every test that reads the shared tiny runs goes to one xdist worker, which builds them once; the other worker
-    takes the rest meanwhile."""
+    takes the rest meanwhile. Likewise each end-to-end module's tests go to one worker (xdist's loadgroup hands
+    out ungrouped tests one by one, and a module-scoped run would be built once per worker)."""
     for item in items:
         if SHARED_RUNS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("shared_runs"))
+        elif item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
+            # an end-to-end module's tests share its module-scoped run: one worker builds it once
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__.rsplit(".", 1)[-1]))
     items.sort(key=_cost_rank)
 
 
