@@ -57,6 +57,14 @@ _STAGE_SEEDS = {
 }
 
 
+def task_hash(task: int) -> int:
+    """A 64-bit mix of a task seed (splitmix64's finaliser): how an environment with a fixed list of tasks (games,
+    instructions) picks one for a training task, spread evenly whatever the seed's bit fields."""
+    x = (task ^ (task >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 def stage_seed(stage: str, seed: int, iteration: int = 0) -> int:
     """The seed of `stage`'s random draws at `iteration` for run seed `seed`."""
     if stage not in _STAGE_SEEDS:

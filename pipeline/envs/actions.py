@@ -14,12 +14,15 @@ from collections.abc import Sequence
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 
 
+def action_content(response: str) -> str | None:
+    """The first action tag's content, trimmed, or None where the response has no tag."""
+    m = _TAG.search(response)
+    return None if m is None else m.group(1).strip()
+
+
 def parse_action(response: str, admissible: Sequence[str]) -> str | None:
     """The admissible command named by the first action tag, or None (an invalid turn)."""
-    m = _TAG.search(response)
-    if m is None:
-        return None
-    content = m.group(1).strip()
+    content = action_content(response)
     return content if content in admissible else None
 
 

@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.data.section import EnvSection
-from pipeline.data.seeds import fields
+from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import parse_action
 from pipeline.envs.base import EnvSpec, Observation, StepResult, register
 
@@ -101,12 +101,6 @@ def game_files(root: str, split: str, task_types: tuple[int, ...]) -> tuple[str,
     return tuple(games)
 
 
-def _mix(x: int) -> int:
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
 def game_of(cfg: AlfWorldConfig, task: int) -> str:
     """The game file a task seed plays: held-out tasks in order through `eval_split`, the others by hash."""
     stream, _, _, index = fields(task)
@@ -115,7 +109,7 @@ def game_of(cfg: AlfWorldConfig, task: int) -> str:
         games = game_files(str(_root(cfg)), cfg.eval_split, types)
         return games[index % len(games)]
     games = game_files(str(_root(cfg)), cfg.split, types)
-    return games[_mix(task) % len(games)]
+    return games[task_hash(task) % len(games)]
 
 
 class AlfWorldEnv:

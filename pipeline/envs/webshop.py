@@ -42,7 +42,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection
-from pipeline.data.seeds import fields
+from pipeline.data.seeds import fields, task_hash
+from pipeline.envs.actions import action_content
 from pipeline.envs.base import EnvSpec, Observation, StepResult, register
 from pipeline.envs.webshop_catalogue import FILES, OUT
 from pipeline.envs.webshop_reward import Purchase, Target, reward
@@ -51,7 +52,6 @@ SEARCH_RETURN_N, PRODUCT_WINDOW = 50, 10                       # engine.py
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]               # goal.py
 BACK, NEXT, PREV, BUY = "back to search", "next >", "< prev", "buy now"
 TABS = ("description", "features", "reviews")
-_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 _PRICE_CLAUSE = re.compile(r", and price lower than [\d.]+ dollars$")
 
 
@@ -83,12 +83,18 @@ class Product:
     price: float
     price_tag: str
     options: dict[str, tuple[str, ...]]
-    bullets: tuple[str, ...]
-    description: str
 
     @property
     def title(self) -> str:
         return self.purchase.title
+
+    @property
+    def bullets(self) -> tuple[str, ...]:
+        return self.purchase.bullets
+
+    @property
+    def description(self) -> str:
+        return self.purchase.description
 
 
 @dataclass(frozen=True)
@@ -139,8 +145,6 @@ def check_files(folder: Path) -> None:
 
 
 def _read(path: Path, kind: type):
-    if not path.is_file():
-        raise _fail(path, "no such file; expected WebShop's " + path.name)
     try:
         data = json.loads(path.read_text())
     except ValueError as e:
@@ -192,7 +196,7 @@ def load_shop(root: str, num_products: int | None) -> Shop:
                                 description=p["full_description"])
         except (KeyError, TypeError, AttributeError) as e:
             raise _fail(items_path, f"product {k} is not a WebShop product ({type(e).__name__}: {e})") from None
-        products.append(Product(asin, purchase, price, tag, options, bullets, p["full_description"]))
+        products.append(Product(asin, purchase, price, tag, options))
     by_asin = {p.asin: p for p in products}
     goals = []
     for asin, entries in human.items():
@@ -290,7 +294,7 @@ class WebShopEnv:
         goals, k = self.shop.goals, self.cfg.heldout
         if stream == "eval":
             return goals[index % k]
-        return goals[k + _mix(task) % (len(goals) - k)]
+        return goals[k + task_hash(task) % (len(goals) - k)]
 
     def commands(self, s: Page) -> tuple[str, ...]:
         if s.kind == "search":
@@ -384,9 +388,9 @@ class WebShopEnv:
         if self.goal is None:
             raise RuntimeError("WebShopEnv.step called before reset")
         self.turn += 1
-        m = _TAG.search(response_text)
-        nxt = self.transition(self.state, m.group(1).strip()) if m else None
-        action = m.group(1).strip() if nxt is not None else None
+        content = action_content(response_text)
+        nxt = self.transition(self.state, content) if content is not None else None
+        action = content if nxt is not None else None
         if nxt is not None:
             self.state = nxt
         done = self.state.kind == "done"
@@ -423,12 +427,6 @@ class WebShopEnv:
         if key not in self._clicks:
             self._clicks[key] = _clicks(self, asin, chosen)
         return self._clicks[key]
-
-
-def _mix(x: int) -> int:
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
 
 
 def _clicks(env: WebShopEnv, asin: str, chosen: tuple[tuple[str, str], ...]) -> float:
