@@ -34,7 +34,7 @@ def main(argv=None) -> None:
         steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).sort("episode_id", "step")
         state = load_state(model, ctx.path(paths.REWARD_MODEL, it - 1), ctx.path(paths.ITER_DIR, it - 1), p)
         ctx.log(f"fitting {p.credit.method}'s step-reward model of iteration {it - 1} on {steps.height} turns")
-        scores, stats = fit_iteration(model, state, steps, ctx.path(paths.PREV_CHECKPOINT),
+        scores, stats = fit_iteration(model, state, steps, ctx.path(paths.ROLLOUT_CHECKPOINT),
                                       ctx.path(paths.CHECKPOINT, 0), it, p, ctx.log)
         save_state(model, state, ctx.path(paths.REWARD_MODEL), ctx.path(paths.ITER_DIR))
         rewards = steps.select("episode_id", "step").with_columns(pl.Series("score", scores, dtype=pl.Float64))

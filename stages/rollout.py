@@ -1,4 +1,5 @@
-"""Stage `rollout`: iteration i's policy (the checkpoint of i-1) plays G episodes of each training task.
+"""Stage `rollout`: iteration i's policy (the checkpoint of i-1; of i-2 with `loop.off_policy_lag: 1`) plays G
+episodes of each training task.
 
 Writes the step table (`tables.STEPS`): one row per turn with the observation, the anchor, prompt and response
 token ids, the rollout engine's per-token log-probs, the action, its validity, the reward and the episode's
@@ -36,11 +37,11 @@ def training_specs(p, it: int) -> list[EpisodeSpec]:
 
 
 def play(ctx, specs: list[EpisodeSpec]) -> tuple[pl.DataFrame, float]:
-    """The step rows of `specs` played by the checkpoint of i-1 at the rollout temperature, and the seconds the
-    play took after the engine started."""
+    """The step rows of `specs` played by the rollout's checkpoint (i-1, or i-2 one step off-policy) at the rollout
+    temperature, and the seconds the play took after the engine started."""
     p, it = ctx.params, ctx.iteration
     seed = stage_seed("rollout", p.seed, it)
-    sampler, tokenizer = open_sampler(p, ctx.path(paths.PREV_CHECKPOINT), engine_seed=seed)
+    sampler, tokenizer = open_sampler(p, ctx.path(paths.ROLLOUT_CHECKPOINT), engine_seed=seed)
     ctx.log(f"sampling with {sampler.name}")
     started = time.perf_counter()
     with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it

@@ -4,8 +4,12 @@ Its phases, as a torchtune recipe's: setup (the turns and their advantages, the 
 from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
 temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; the KL
 reference's where `update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state,
-metrics). The policy trains with fp32 master weights whose forward passes run in `policy.dtype`
-(`pipeline.model.precision`). A non-finite loss or advantage stops the stage before anything is written.
+metrics). One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
+`log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the behaviour
+policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the decoupled loss.
+
+The policy trains with fp32 master weights whose forward passes run in `policy.dtype` (`pipeline.model.precision`).
+A non-finite loss or advantage stops the stage before anything is written.
 
 With `runtime.update_processes: N` the workflow starts the stage under torchrun (`pipeline.model.distributed`):
 each process takes its share of every minibatch and process 0 writes. Each holds the whole model
@@ -54,7 +58,11 @@ def main(argv=None) -> None:
         seed = stage_seed("update", p.seed, it)
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
                                           p.update.gradient_checkpointing)
-        old, mismatch = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
+        old = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
+        behaviour = behaviour_logprobs(ctx, tokenizer.pad_token_id, turns, procs)
+        weights, off_policy = ((None, {}) if behaviour is None
+                               else behaviour_weights(old, behaviour, p.update.behaviour_weight_cap))
+        mismatch = engine_mismatch(turns, old if behaviour is None else behaviour)
         ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs)
         make_optimizer = _optimizer_of(p)
         optimizer = make_optimizer(model.parameters())
@@ -68,7 +76,7 @@ def main(argv=None) -> None:
         stats = ppo_update(model, optimizer, turns.prompts, turns.responses, turns.advantages, old, p.update,
                            tokenizer.pad_token_id, seed=seed, ref_logps=ref, progress=ctx.log,
                            temperature=p.rollout.temperature, rank=procs.rank, world=procs.world, trace=trace,
-                           sharded=sharded) | mismatch
+                           sharded=sharded, behaviour_weights=weights) | mismatch | off_policy
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
         if sharded:   # the whole weights and moments, on process 0, in an unsharded model and optimiser
@@ -89,16 +97,46 @@ def read_turns(ctx) -> Turns:
                  table["response_logprobs"].to_list())
 
 
-def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> tuple[list, dict[str, float]]:
-    """`log π_old` of every response token, and how far the rollout engine's log-probs are from it (as verl
-    reports it)."""
+def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> list:
+    """`log π_old` of every response token under the checkpoint the update starts from (the rollout's, or one step
+    off-policy the proximal policy's)."""
     ctx.log(f"recomputing log pi_old for {len(turns.prompts)} turns")
-    old = shared_logprobs(model, turns.prompts, turns.responses, pad_id, ctx.params.update.minibatch_size,
-                          ctx.params.rollout.temperature, procs)
+    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, ctx.params.update.minibatch_size,
+                           ctx.params.rollout.temperature, procs)
+
+
+def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from those recomputed under the checkpoint that sampled the turns
+    (as verl reports it)."""
     engine = torch.cat([torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs])
-    gap = (engine - torch.cat(old)).abs()
-    return old, {"logprob_mismatch_abs_mean": float(gap.mean()), "logprob_mismatch_abs_max": float(gap.max()),
-                 "logprob_mismatch_share_over_0.1": float((gap > 0.1).float().mean())}
+    gap = (engine - torch.cat(sampler)).abs()
+    return {"logprob_mismatch_abs_mean": float(gap.mean()), "logprob_mismatch_abs_max": float(gap.max()),
+            "logprob_mismatch_share_over_0.1": float((gap > 0.1).float().mean())}
+
+
+def behaviour_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list | None:
+    """One step off-policy, the log-probs of the checkpoint that sampled the turns, where it is not the one the
+    update starts from (from iteration 2 on); else None."""
+    rollout, start = ctx.path(paths.ROLLOUT_CHECKPOINT), ctx.path(paths.PREV_CHECKPOINT)
+    if rollout == start:
+        return None
+    p = ctx.params
+    ctx.log(f"recomputing the behaviour policy's log-probs ({rollout})")
+    model, _ = load_policy(rollout, p.policy.dtype, procs.device, train=True)
+    out = shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
+                          p.rollout.temperature, procs)
+    del model
+    return out
+
+
+def behaviour_weights(proximal: list, behaviour: list, cap: float) -> tuple[list, dict[str, float]]:
+    """Each token's weight in the decoupled loss, `min(π_prox / π_behav, cap)`, and their statistics: the mean
+    weight, the share truncated, and the behaviour policy's KL to the proximal one (its tokens' mean log ratio)."""
+    weights = [torch.exp(pr - be).clamp(max=cap) for pr, be in zip(proximal, behaviour, strict=True)]
+    w = torch.cat(weights)
+    log_ratio = torch.cat(behaviour) - torch.cat(proximal)
+    return weights, {"behaviour_weight_mean": float(w.mean()), "behaviour_weight_capped_share":
+                     float((w >= cap).float().mean()), "behaviour_kl": float(log_ratio.mean())}
 
 
 def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list | None:

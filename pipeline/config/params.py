@@ -26,6 +26,10 @@ GROUPS_PER_ITERATION = 1_000_000  # task-group ids of iteration i are i * GROUPS
 class LoopConfig(Section):
     iterations: int = Field(6, ge=1, le=min(1000, MAX_ITERATION),
                             description="RL iterations after iteration 0 (the initial policy)")
+    off_policy_lag: Literal[0, 1] = Field(0, description="1: rollout i samples from the checkpoint of i-2 (iterations "
+                                          "1 and 2 from iteration 0's), so that rollout i+1 runs beside update i; "
+                                          "the update then uses the decoupled PPO loss (docs/credit-assignment.md, "
+                                          "One step off-policy). 0: rollout i samples from the checkpoint of i-1")
 
 
 ENV_REGISTRY = registered_envs()
@@ -195,6 +199,8 @@ class UpdateConfig(Section):
     entropy_coef: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
+                                        "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 
 
 class EvaluateConfig(Section):

@@ -1,6 +1,8 @@
 """The run's file layout: where every stage's outputs live, as templates over the iteration.
 
-`{it}` is the iteration, `{prev}` the iteration before it, `{shard}` a shard's index. A path ending in `/` is a
+`{it}` is the iteration, `{prev}` the iteration before it, `{src}` the iteration whose checkpoint sampled iteration
+`{it}`'s rollout (`{prev}`, or with `loop.off_policy_lag: 1` the one before it, never below 0), `{shard}` a
+shard's index. A path ending in `/` is a
 folder (a checkpoint). Every template starts with `results/`, the run's folder, which `at` replaces by `run.dir`.
 The tables' schemas are `pipeline.data.tables`; a stage reads `paths.STEPS` with the schema `tables.STEPS`.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 ITER_DIR = "results/iter_{it}"
 CHECKPOINT = ITER_DIR + "/checkpoint/"
 PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
+ROLLOUT_CHECKPOINT = "results/iter_{src}/checkpoint/"   # the behaviour policy of iteration i's turns
 STEPS = ITER_DIR + "/steps.parquet"
 GROUPS = ITER_DIR + "/groups.parquet"
 PREV_ITER_DIR = "results/iter_{prev}"
@@ -41,8 +44,15 @@ def at(params, path: str) -> str:
     return path
 
 
-def fill(template: str, it: int, shard: int | None = None) -> str:
+def rollout_source(it: int, lag: int) -> int:
+    """The iteration whose checkpoint samples iteration `it`'s rollout: `it` - 1 - `lag`, at least 0."""
+    return max(it - 1 - lag, 0)
+
+
+def fill(template: str, it: int, shard: int | None = None, lag: int = 0) -> str:
     out = template.replace("{it}", str(it)).replace("{prev}", str(it - 1))
+    if "{src}" in out:
+        out = out.replace("{src}", str(rollout_source(it, lag)))
     return out if shard is None else out.replace("{shard}", str(shard))
 
 

@@ -4,6 +4,10 @@
 drew from, as verl does); the rollout engine's log-probs only serve to report the mismatch. Loss per token:
 `−min(ρA, clip(ρ, 1−ε, 1+ε)A)`, bounded by `−c·A` for A < 0 (dual clip), token-mean over the minibatch, plus
 `kl_coef · low_var_kl` to a frozen reference and `− entropy_coef · H`.
+
+One step off-policy (`loop.off_policy_lag: 1`) the loss is the decoupled one (AReaL's): `log π_old` is the proximal
+policy's (the checkpoint the update starts from), and each token's loss is multiplied by its behaviour weight
+`min(π_prox / π_behav, cap)`, a constant (docs/credit-assignment.md, One step off-policy).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ __all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequenc
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_ratio: float,
-                dual_clip: float, tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                dual_clip: float, tokens: float | None = None,
+                weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-mean dual-clip PPO loss; `adv` is broadcast per sequence ([B, 1]) or per token ([B, L]). `tokens`: the
     number of response tokens to average over (a micro-batch's share of its minibatch's mean; default this batch's
-    own count)."""
+    own count). `weight` ([B, L], no gradient): each token's behaviour weight of the decoupled loss, with
+    `old_logp` the proximal policy's; None: today's on-policy loss."""
     mask = mask.float()
     ratio = torch.exp(logp - old_logp)
     loss1 = -adv * ratio
@@ -34,6 +40,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     clipped = torch.maximum(loss1, loss2)
     dual = torch.minimum(-adv * dual_clip, clipped)
     per_token = torch.where(adv < 0, dual, clipped)
+    if weight is not None:
+        per_token = per_token * weight
     n = mask.sum().clamp(min=1.0) if tokens is None else tokens
     loss = (per_token * mask).sum() / n
     with torch.no_grad():
@@ -77,7 +85,8 @@ STATS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl")
 def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
                ref_logps=None, progress: Callable[[str], None] | None = None,
                temperature: float = 1.0, rank: int = 0, world: int = 1,
-               trace: list[float] | None = None, sharded: bool = False) -> dict[str, float]:
+               trace: list[float] | None = None, sharded: bool = False,
+               behaviour_weights: list[torch.Tensor] | None = None) -> dict[str, float]:
     """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
     log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
 
@@ -86,7 +95,8 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     same clipped optimiser step on each: the update is that of one process, up to float summation order.
     With `sharded` (an FSDP model, `pipeline.model.fsdp`) the backward passes reduce the gradients themselves, so
     every process runs as many micro-batches as the busiest one (a process short of turns runs one more with its
-    loss times 0: FSDP's collectives must pair up). `trace` receives each optimiser step's loss."""
+    loss times 0: FSDP's collectives must pair up). `trace` receives each optimiser step's loss.
+    `behaviour_weights` (one 1-D tensor per turn): the decoupled loss's token weights (`policy_loss`)."""
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
@@ -94,7 +104,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     started = time.perf_counter()
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
-    turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id)
+    turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id, behaviour_weights)
     model.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
@@ -132,6 +142,7 @@ class _Turns:
     old_logps: list
     ref_logps: list | None
     pad_id: int
+    weights: list | None = None   # behaviour weights, one step off-policy
 
 
 def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temperature: float, rank: int,
@@ -169,7 +180,11 @@ def _micro_batch_loss(model, turns: _Turns, part: list[int], cfg, temperature: f
     old = torch.zeros_like(logp)
     old[resp] = torch.cat([turns.old_logps[i] for i in part]).to(logp.device)
     adv = torch.tensor([turns.advantages[i] for i in part], dtype=logp.dtype, device=logp.device).unsqueeze(1)
-    pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip, tokens)
+    weight = None
+    if turns.weights is not None:
+        weight = torch.ones_like(logp)
+        weight[resp] = torch.cat([turns.weights[i] for i in part]).to(logp.device, logp.dtype)
+    pg_loss, info = policy_loss(logp, old, adv, resp, cfg.clip_ratio, cfg.dual_clip, tokens, weight)
     loss = pg_loss
     mask = resp.float()
     out = {}

@@ -37,7 +37,8 @@ class StageContext:
         `shard`."""
         it = self.iteration if it is None else it
         template = at(self.params, template)
-        return Path(strip_dir(fill(template, it, shard) if it is not None else template))
+        lag = self.params.loop.off_policy_lag
+        return Path(strip_dir(fill(template, it, shard, lag) if it is not None else template))
 
 
 def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, options=None,

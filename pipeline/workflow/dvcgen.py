@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config.params import Params, load_params
-from pipeline.data.paths import at, fill, strip_dir
+from pipeline.data.paths import at, fill, rollout_source, strip_dir
 from pipeline.data.tables import write_text_atomic
 from pipeline.workflow.registry import (
     Stage,
@@ -53,15 +53,21 @@ def stage_entry(stage: Stage, params: Params, params_file: str) -> dict:
     if stage.per_iteration:
         # keyed by iteration, so that DVC names the stages rollout@3, evaluate@0, ...; a shard stage by iteration
         # and shard (rollout_shard@3-0, ...)
+        # `src`, the rollout's checkpoint, only one step off-policy (else it is `prev`, and dvc.yaml stays as it was)
+        lag = params.loop.off_policy_lag
+
+        def keys(i: int) -> dict[str, int]:
+            return {"it": i, "prev": i - 1, **({"src": rollout_source(i, lag)} if lag else {})}
+
         shards = shard_ids(stage, params)
         if shards:
-            items = {f"{i}-{k}": {"it": i, "prev": i - 1, "shard": k}
-                     for i in stage_iterations(stage, params) for k in shards}
+            items = {f"{i}-{k}": keys(i) | {"shard": k} for i in stage_iterations(stage, params) for k in shards}
         else:
-            items = {i: {"it": i, "prev": i - 1} for i in stage_iterations(stage, params)}
+            items = {i: keys(i) for i in stage_iterations(stage, params)}
 
         def item(t: str) -> str:
             return strip_dir(t.replace("{it}", "${item.it}").replace("{prev}", "${item.prev}")
+                             .replace("{src}", "${item.src}" if lag else "${item.prev}")
                              .replace("{shard}", "${item.shard}"))
 
         body = {

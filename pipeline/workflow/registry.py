@@ -1,9 +1,11 @@
 """The one stage registry: the Snakefile builds its rules from it and `dvc.yaml` is generated from it.
 
-Paths are templates: `{it}` is the iteration, `{prev}` the iteration before it. Iteration 0 is the initial policy
-(`init` writes its checkpoint); iteration i >= 1 rolls out with the checkpoint of i-1, groups, computes advantages
-and updates into the checkpoint of i; `evaluate` scores every iteration's checkpoint, 0 included, on held-out tasks.
-A path ending in `/` is a folder (a checkpoint).
+Paths are templates: `{it}` is the iteration, `{prev}` the iteration before it, `{src}` the one whose checkpoint
+samples iteration `{it}`'s rollout. Iteration 0 is the initial policy (`init` writes its checkpoint); iteration
+i >= 1 rolls out with the checkpoint of i-1 (of i-2 with `loop.off_policy_lag: 1`, so that rollout i+1 and update i
+depend on the same checkpoint and run side by side), groups, computes advantages and updates the checkpoint of i-1
+into that of i; `evaluate` scores every iteration's checkpoint, 0 included, on held-out tasks. A path ending in `/`
+is a folder (a checkpoint).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pipeline.data.paths import (
     REPORT,
     REPORT_METRICS,
     REWARD_MODEL,
+    ROLLOUT_CHECKPOINT,
     STEP_REWARDS,
     STEPS,
     at,
@@ -69,6 +72,10 @@ def needs_fit(p: Params) -> bool:
 
 def credit_oracle(p: Params) -> bool:
     return p.report.credit_oracle
+
+
+def lagged(p: Params) -> bool:
+    return p.loop.off_policy_lag > 0
 
 
 def method_is(name: str) -> Callable[[Params], bool]:
@@ -111,6 +118,8 @@ class Stage:
     # cores Snakemake gives the job. init, fit and update are alone on the critical path and take 2; rollout of
     # i+1 and evaluate of i run side by side, 1 each
     threads: int = 1
+    # its cores with `loop.off_policy_lag: 1`, where fit and update of i run beside rollout i+1 (None: `threads`)
+    overlap_threads: int | None = None
     code: tuple[str, ...] = field(default=())  # extra code files beyond what its module imports (`code_for`)
     enabled: Callable[[Params], bool] | None = None  # None: always part of the pipeline
     loads_model: bool = False  # holds a policy or step-reward model: asks for the `gpu` resource on a GPU device
@@ -185,25 +194,28 @@ STAGES: tuple[Stage, ...] = (
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
           outs=("results/iter_0/reward_model/", *_model_tables("results/iter_0")),
           params=("seed", "credit.method", *_method_lora), enabled=needs_fit, loads_model=True),
-    Stage("rollout", 1, deps=(PREV_CHECKPOINT,), outs=(STEPS,),
+    Stage("rollout", 1, deps=(ROLLOUT_CHECKPOINT,), outs=(STEPS,),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "policy.dtype", "rollout", "runtime.device"),
           loads_model=True,
           shards=lambda p: p.rollout.shards),
     Stage("group", 1, deps=(STEPS,), outs=(GROUPS,), params=("prompt.history_turns", *history_params()),
           code=_history_code,
           mem_mb=2000, runtime=30),
-    # the initial policy too: OPRL reports how far the PRM and the policy have drifted from it
-    Stage("fit", 1, deps=(STEPS, PREV_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
+    # the policy that sampled the turns (OPRL's π_old), and the initial policy: OPRL reports how far the PRM and the
+    # policy have drifted from it
+    Stage("fit", 1, deps=(STEPS, ROLLOUT_CHECKPOINT, INITIAL_CHECKPOINT, PREV_REWARD_MODEL,
                           *_model_tables(PREV_ITER_DIR)),
           outs=(REWARD_MODEL, STEP_REWARDS, FIT_METRICS, *_model_tables(ITER_DIR)),
           params=("seed", "credit.method", *_method_section, "policy.dtype", "runtime.device"), threads=2,
-          enabled=needs_fit, loads_model=True),
+          overlap_threads=1, enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",), mem_mb=2000, runtime=30),
-    # log-probs are taken at the sampling temperature (docs/credit-assignment.md, Policy update)
-    Stage("update", 1, deps=(PREV_CHECKPOINT, STEPS, ADVANTAGES), outs=(CHECKPOINT,),
+    # log-probs are taken at the sampling temperature (docs/credit-assignment.md, Policy update); one step off-policy,
+    # the behaviour policy's checkpoint too (One step off-policy)
+    Stage("update", 1, deps=(PREV_CHECKPOINT, When(ROLLOUT_CHECKPOINT, lagged), STEPS, ADVANTAGES), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "policy.lora", "policy.dtype", "runtime.device",
-                  "runtime.update_processes", "runtime.update_sharding"), threads=2, loads_model=True),
+                  "runtime.update_processes", "runtime.update_sharding"), threads=2, overlap_threads=1,
+          loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
                   "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),
@@ -268,7 +280,8 @@ def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
     """The stage's input paths for iteration `it`, each once (at iteration 1 the previous checkpoint is the
     initial one)."""
     deps = stage.deps_templates(params)
-    out = [strip_dir(fill(d, it)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
+    lag = params.loop.off_policy_lag
+    out = [strip_dir(fill(d, it, lag=lag)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
         out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params))
     for t in resolve(stage.deps_trained, params):
@@ -314,7 +327,8 @@ def resources_for(stage: Stage, params: Params) -> dict[str, int]:
     defaults suit the tiny policy; `runtime.resources.<stage>` (by the registry's stage name, shards included)
     overrides any of them. A merge job keeps its own small defaults."""
     procs = processes_for(stage, params)
-    out = {"threads": stage.threads, "mem_mb": stage.mem_mb, "runtime": stage.runtime,
+    threads = stage.overlap_threads if lagged(params) and stage.overlap_threads is not None else stage.threads
+    out = {"threads": threads, "mem_mb": stage.mem_mb, "runtime": stage.runtime,
            "gpu": procs if stage.loads_model and uses_gpu(params.runtime.device) else 0}
     if stage.role != "merge":
         own = getattr(params.runtime.resources, stage.base)

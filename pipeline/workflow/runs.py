@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.config.params import Params, load_params
 from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
-from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, stage_iterations
+from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
 
@@ -38,7 +38,13 @@ def _jobs(params: Params, through: int):
 
 
 def _paths(stage, params: Params, it: int | None, templates: list[str]) -> list[str]:
-    return [strip_dir(fill(t, it) if it is not None else t) for t in templates]
+    lag = params.loop.off_policy_lag
+    return [strip_dir(fill(t, it, lag=lag) if it is not None else t) for t in templates]
+
+
+def _inputs(stage, params: Params, it: int | None) -> list[str]:
+    """The job's inputs relative to its run's folder (which checkpoint a rollout reads depends on the lag)."""
+    return _paths(stage, params, it, [d for d in resolve(stage.deps, params) if d.startswith("results/")])
 
 
 def _link(src: Path, dst: Path) -> int:
@@ -69,7 +75,9 @@ def share_base(params: Params, log=print) -> list[str]:
         external = set(named_inputs(stage, params))     # the same params name the same file (fingerprint)
         own_outs = _paths(stage, params, it, stage.outs_for(params))
         name = f"{stage.name}@{it}" if it is not None else stage.name
+        # the same inputs too: one step off-policy, rollout i reads another checkpoint than the base's did
         if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
+                or _inputs(stage, params, it) != _inputs(stage, base, it)
                 or any(d not in made for d in deps if d not in external)):
             continue
         base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]

@@ -1,0 +1,102 @@
+"""One step off-policy through the workflow (`loop.off_policy_lag: 1`), on the tiny configuration with 2 iterations:
+rollout 2 samples from iteration 0's checkpoint while update 1 trains; update 2 starts from checkpoint 1 and weighs
+the turns checkpoint 0 sampled (the decoupled loss). Snakemake and DVC agree before and after a switch of the lag, and
+a run killed in the middle of the overlapped jobs resumes to the same bytes."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.overlap import job_intervals, overlap_seconds
+from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, snakemake_failure, workflow_files
+from tests.e2e.test_resume import tree_bytes, wait_for
+
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def lagged(tmp_path_factory):
+    """The lag-1 run in a DVC repository (Snakemake's log, its folder, the bytes of its tables and weights)."""
+    d = dvc_repo(tmp_path_factory.mktemp("lag"), tracking={"enabled": False}, runtime={"resources": {}},
+                 loop={"iterations": 2, "off_policy_lag": 1})
+    workflow_files(d)
+    log = sh([SNAKEMAKE, "--cores", "2"], d)
+    return d, log, tree_bytes(d / "results")
+
+
+def test_rollout_runs_beside_the_update_and_the_update_weighs_the_older_policys_turns(lagged):
+    d, log, _ = lagged
+    # Snakemake's log (read as bench.overlap reads it): rollout 2 and update 1 ran at the same time
+    jobs = job_intervals(log)
+    rollout, update = jobs["rollout@2"], jobs["update@1"]
+    assert rollout[0] < update[1] and update[0] < rollout[1], f"rollout@2 {rollout} and update@1 {update}"
+    assert overlap_seconds(jobs, {"rollout"}, {"update"}) > 0
+    # update 1: rollout and start checkpoints are both iteration 0's; update 2: behaviour 0, proximal 1
+    first, second = ((d / f"results/logs/update_{i}.log").read_text() for i in (1, 2))
+    assert "behaviour" not in first
+    assert "recomputing the behaviour policy's log-probs (results/iter_0/checkpoint)" in second
+    weight = float(re.search(r"behaviour_weight_mean ([0-9.]+)", second).group(1))
+    assert 0.5 < weight < 2.0
+    assert "dvc: dvc.lock records the 13 jobs" in log
+    assert "up to date" in sh([BIN / "dvc", "status"], d).lower()
+    assert planned_jobs(d) == set()
+
+
+def test_killed_in_the_overlapped_jobs_the_run_resumes_to_the_same_bytes(lagged, tmp_path):
+    d = tmp_path / "killed"
+    d.mkdir()
+    workflow_files(d)
+    params = yaml.safe_load((lagged[0] / "params.yaml").read_text())
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    results = d / "results"
+    kills = [  # (stage logs and a line each prints once it is working, outputs that must not exist after)
+        # rollout 2 started before update 1 (which waits for group and advantages of 1), and is often still running
+        ([("rollout_2.log", "[rollout[2]"), ("update_1.log", "recomputing log pi_old")], ["iter_1/checkpoint"]),
+        ([("update_2.log", "recomputing the behaviour policy's log-probs")], ["iter_2/checkpoint"]),
+    ]
+    for marks, outs in kills:
+        proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        for log, marker in marks:
+            wait_for(results / "logs" / log, marker, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for o in outs:
+            assert not (results / o).exists(), f"{o} exists after a SIGKILL"
+        assert subprocess.run([SNAKEMAKE, "--unlock"], cwd=d, capture_output=True).returncode == 0
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail(snakemake_failure(d, r))
+    got, want = tree_bytes(results), lagged[2]
+    assert sorted(got) == sorted(want)
+    assert not [k for k in want if got[k] != want[k]], "the resumed run differs from the uninterrupted one"
+
+
+def test_a_switch_to_lag_zero_reruns_the_same_jobs_in_both_tools(lagged):
+    d = lagged[0]
+    params = yaml.safe_load((d / "params.yaml").read_text())
+    params["loop"]["off_policy_lag"] = 0
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    sh([sys.executable, "-m", "pipeline.workflow.dvcgen"], d)
+    # iteration 1 read checkpoint 0 either way: only iteration 2's jobs (and the report) change
+    again = {"rollout@2", "group@2", "advantages@2", "update@2", "evaluate@2", "report"}
+    assert planned_jobs(d) == again
+    out = sh([BIN / "dvc", "repro"], d)
+    # DVC also reruns update 1, whose declared inputs lose the behaviour checkpoint (there the start checkpoint
+    # itself): it writes the same checkpoint, so nothing after it reruns
+    assert {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")} == \
+        again | {"update@1"}
+    assert planned_jobs(d) == set()
+    assert "up to date" in sh([BIN / "dvc", "status"], d).lower()
+    now = tree_bytes(d / "results")
+    # iteration 2 now sampled by checkpoint 1: its turns and weights change; iteration 1's files stay as they were
+    assert all(now[k] == lagged[2][k] for k in lagged[2] if not k.startswith("iter_2/"))
+    for k in ("iter_2/steps.parquet", "iter_2/checkpoint/model.safetensors"):
+        assert now[k] != lagged[2][k], k
