@@ -154,28 +154,35 @@ def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple
     return table, vs
 
 
+def mean_curves(ax, curves: pl.DataFrame, key: str, label) -> dict:
+    """Held-out success per iteration of each `key` value (a method, a lag): its mean over seeds, with a band of ±
+    one standard deviation, labelled `label(value, seeds)`; returns each value's colour."""
+    agg = curves.group_by(key, "iteration").agg(
+        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
+        pl.len().alias("n")).sort("iteration")
+    colors = {}
+    for value in curves[key].unique(maintain_order=True).to_list():
+        d = agg.filter(pl.col(key) == value)
+        x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
+        line = ax.plot(x, m, marker="o", label=label(value, int(d["n"].max())))[0]
+        colors[value] = line.get_color()
+        ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("held-out success rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return colors
+
+
 def plot(curves: pl.DataFrame, path: Path) -> None:
     plt = pyplot()
 
     paired = "grpo" in curves["method"].to_list() and curves["method"].n_unique() > 1
     fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(12 if paired else 7, 4), dpi=120, squeeze=False)
     ax = axes[0][0]
-    agg = curves.group_by("method", "iteration").agg(
-        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
-        pl.len().alias("n")).sort("iteration")
-    colors = {}
-    for method in curves["method"].unique(maintain_order=True).to_list():
-        d = agg.filter(pl.col("method") == method)
-        x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
-        line = ax.plot(x, m, marker="o", label=f"{method} (n={int(d['n'].max())})")[0]
-        colors[method] = line.get_color()
-        ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("iteration")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("held-out success rate")
+    colors = mean_curves(ax, curves, "method", lambda method, n: f"{method} (n={n})")
     ax.set_title("Learning curves: mean ± std over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     if paired:
         # the seeds differ far more than the methods do; the difference to GRPO on the same seed removes that
         ax = axes[0][1]

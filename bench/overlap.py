@@ -29,7 +29,7 @@ import polars as pl
 import yaml
 
 from bench import log_run
-from bench.learning import _workflow
+from bench.learning import _workflow, mean_curves
 from pipeline.config.params import apply_overrides, load_params
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
@@ -155,19 +155,8 @@ def collect(work: Path, seeds: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
 def plot(table: pl.DataFrame, curves: pl.DataFrame, path: Path) -> None:
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), dpi=120)
-    for lag in LAGS:
-        agg = (curves.filter(pl.col("lag") == lag).group_by("iteration")
-               .agg(pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"))
-               .sort("iteration"))
-        x, m, s = agg["iteration"].to_numpy(), agg["m"].to_numpy(), agg["s"].to_numpy()
-        line = a.plot(x, m, marker="o", label=f"lag {lag} (n={curves.filter(pl.col('lag') == lag)['seed'].n_unique()})")
-        a.fill_between(x, m - s, m + s, color=line[0].get_color(), alpha=0.15)
-    a.set_xlabel("iteration")
-    a.xaxis.get_major_locator().set_params(integer=True)
-    a.set_ylabel("held-out success rate")
+    mean_curves(a, curves, "lag", lambda lag, n: f"lag {lag} (n={n})")
     a.set_title("Held-out success: mean ± std over seeds")
-    a.grid(alpha=0.3)
-    a.legend(fontsize=8)
     seeds = table["seed"].unique().sort().to_list()
     width = 0.38
     for k, lag in enumerate(LAGS):

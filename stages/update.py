@@ -120,13 +120,8 @@ def behaviour_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list
     rollout, start = ctx.path(paths.ROLLOUT_CHECKPOINT), ctx.path(paths.PREV_CHECKPOINT)
     if rollout == start:
         return None
-    p = ctx.params
     ctx.log(f"recomputing the behaviour policy's log-probs ({rollout})")
-    model, _ = load_policy(rollout, p.policy.dtype, procs.device, train=True)
-    out = shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
-                          p.rollout.temperature, procs)
-    del model
-    return out
+    return checkpoint_logprobs(ctx, rollout, pad_id, turns, procs)
 
 
 def behaviour_weights(proximal: list, behaviour: list, cap: float) -> tuple[list, dict[str, float]]:
@@ -141,11 +136,16 @@ def behaviour_weights(proximal: list, behaviour: list, cap: float) -> tuple[list
 
 def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list | None:
     """The KL reference's (the initial policy's) log-probs, where `update.kl_coef` > 0."""
-    p = ctx.params
-    if p.update.kl_coef <= 0:
+    if ctx.params.update.kl_coef <= 0:
         return None
-    ref_model, _ = load_policy(ctx.path(paths.CHECKPOINT, 0), p.policy.dtype, procs.device, train=True)
-    return shared_logprobs(ref_model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
+    return checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), pad_id, turns, procs)
+
+
+def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Processes) -> list:
+    """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature."""
+    p = ctx.params
+    model, _ = load_policy(checkpoint, p.policy.dtype, procs.device, train=True)
+    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
                            p.rollout.temperature, procs)
 
 

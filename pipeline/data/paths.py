@@ -50,9 +50,8 @@ def rollout_source(it: int, lag: int) -> int:
 
 
 def fill(template: str, it: int, shard: int | None = None, lag: int = 0) -> str:
-    out = template.replace("{it}", str(it)).replace("{prev}", str(it - 1))
-    if "{src}" in out:
-        out = out.replace("{src}", str(rollout_source(it, lag)))
+    out = (template.replace("{it}", str(it)).replace("{prev}", str(it - 1))
+           .replace("{src}", str(rollout_source(it, lag))))
     return out if shard is None else out.replace("{shard}", str(shard))
 
 

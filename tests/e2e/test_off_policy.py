@@ -3,10 +3,7 @@ rollout 2 samples from iteration 0's checkpoint while update 1 trains; update 2 
 the turns checkpoint 0 sampled (the decoupled loss). Snakemake and DVC agree before and after a switch of the lag, and
 a run killed in the middle of the overlapped jobs resumes to the same bytes."""
 
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,8 +11,8 @@ import pytest
 import yaml
 
 from bench.overlap import job_intervals, overlap_seconds
-from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, snakemake_failure, workflow_files
-from tests.e2e.test_resume import tree_bytes, wait_for
+from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, workflow_files
+from tests.e2e.test_resume import kill_then_resume, tree_bytes
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.e2e
@@ -56,24 +53,11 @@ def test_killed_in_the_overlapped_jobs_the_run_resumes_to_the_same_bytes(lagged,
     params = yaml.safe_load((lagged[0] / "params.yaml").read_text())
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     results = d / "results"
-    kills = [  # (stage logs and a line each prints once it is working, outputs that must not exist after)
+    kill_then_resume(d, 2, [  # (stage logs, a line each prints once it is working; outputs that must not exist)
         # rollout 2 started before update 1 (which waits for group and advantages of 1), and is often still running
         ([("rollout_2.log", "[rollout[2]"), ("update_1.log", "recomputing log pi_old")], ["iter_1/checkpoint"]),
         ([("update_2.log", "recomputing the behaviour policy's log-probs")], ["iter_2/checkpoint"]),
-    ]
-    for marks, outs in kills:
-        proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        for log, marker in marks:
-            wait_for(results / "logs" / log, marker, proc)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for o in outs:
-            assert not (results / o).exists(), f"{o} exists after a SIGKILL"
-        assert subprocess.run([SNAKEMAKE, "--unlock"], cwd=d, capture_output=True).returncode == 0
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(snakemake_failure(d, r))
+    ])
     got, want = tree_bytes(results), lagged[2]
     assert sorted(got) == sorted(want)
     assert not [k for k in want if got[k] != want[k]], "the resumed run differs from the uninterrupted one"

@@ -106,6 +106,28 @@ def wait_for(path: Path, marker: str, proc: subprocess.Popen, timeout: float = 6
     raise AssertionError(f"{path} never showed {marker!r}")
 
 
+def kill_then_resume(d: Path, cores: int, kills: list[tuple[list[tuple[str, str]], list[str]]]) -> None:
+    """For each (marks, outs) of `kills`: start Snakemake in `d`, SIGKILL it with its jobs once every stage log of
+    `marks` shows its line, check that none of `outs` (under results/) exists, unlock. Then finish the run with the
+    plain command; the test fails with the stages' logs if it does not."""
+    results = d / "results"
+    for marks, outs in kills:
+        proc = subprocess.Popen([SNAKEMAKE, "--cores", str(cores), "--quiet"], cwd=d, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        for log, marker in marks:
+            wait_for(results / "logs" / log, marker, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for o in outs:
+            assert not (results / o).exists(), \
+                f"{o} exists after a SIGKILL in {', '.join(log[:-4] for log, _ in marks)}"
+        assert subprocess.run([SNAKEMAKE, "--unlock"], cwd=d, capture_output=True).returncode == 0
+    r = subprocess.run([SNAKEMAKE, "--cores", str(cores), "--quiet"], cwd=d, capture_output=True, text=True,
+                       timeout=900)
+    if r.returncode != 0:
+        pytest.fail(snakemake_failure(d, r))
+
+
 def tree_bytes(results: Path) -> dict[str, bytes]:
     """Every table and weight file of the iterations (logs, benchmarks and metrics hold times; left out)."""
     out = {}
@@ -125,23 +147,11 @@ def test_killed_anywhere_the_run_resumes_to_identical_tables(method_runs, tmp_pa
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     results = d / "results"
-    kills = [  # (stage log, a line the stage prints once it is working, outputs that must not exist after)
-        ("rollout_1.log", "[rollout[1]", ["iter_1/steps.parquet"]),
-        ("fit_2.log", "[fit[2]", ["iter_2/reward_model", "iter_2/step_rewards.parquet"]),
-        ("update_2.log", "recomputing log pi_old", ["iter_2/checkpoint"]),
-    ]
-    for log, marker, outs in kills:
-        proc = subprocess.Popen([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(results / "logs" / log, marker, proc)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for o in outs:
-            assert not (results / o).exists(), f"{o} exists after a SIGKILL in {log[:-4]}"
-        assert subprocess.run([SNAKEMAKE, "--unlock"], cwd=d, capture_output=True).returncode == 0
-    r = subprocess.run([SNAKEMAKE, "--cores", "1", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(snakemake_failure(d, r))
+    kill_then_resume(d, 1, [  # (stage logs, a line each prints once it is working; outputs that must not exist)
+        ([("rollout_1.log", "[rollout[1]")], ["iter_1/steps.parquet"]),
+        ([("fit_2.log", "[fit[2]")], ["iter_2/reward_model", "iter_2/step_rewards.parquet"]),
+        ([("update_2.log", "recomputing log pi_old")], ["iter_2/checkpoint"]),
+    ])
     assert not list(results.glob("**/.*.tmp-*"))                 # no temporaries left behind either
     got, want = tree_bytes(results), tree_bytes(reference / "results")
     assert sorted(got) == sorted(want)
