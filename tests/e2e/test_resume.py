@@ -2,11 +2,11 @@
 
 - Determinism: the same stage run twice on the same inputs (and thread count) writes byte-identical tables and
   weights.
-- Kill and resume: a fresh OPRL run is SIGKILLed (Snakemake and its job together) in the middle of rollout@1,
-  fit@2 and update@2 (which resume AdamW from iteration 1's optimiser state); each kill leaves nothing under the
-  stage's final output names, and after `snakemake --unlock` the plain command finishes the run. Every table and
-  checkpoint then equals, byte for byte, those of the uninterrupted OPRL run of the shared `method_runs` fixture
-  (same params and seed).
+- Kill and resume: an OPRL run from GRPO's iteration 0 is SIGKILLed (Snakemake and its job together) in the middle
+  of rollout@1, fit@2 and update@2 (which resume AdamW from iteration 1's optimiser state); each kill leaves nothing
+  under the stage's final output names, and after `snakemake --unlock` the plain command finishes the run. Every
+  table and checkpoint then equals, byte for byte, those of the uninterrupted OPRL run of the shared `method_runs`
+  fixture (same params and seed).
 - A NaN reward or advantage stops the advantages or update stage naming the iteration and the task group, and
   nothing is written.
 """
@@ -137,7 +137,7 @@ def tree_bytes(results: Path) -> dict[str, bytes]:
     return out
 
 
-def test_killed_anywhere_the_run_resumes_to_identical_tables(method_runs, tmp_path):
+def test_killed_anywhere_the_run_resumes_to_identical_tables(grpo_run, method_runs, tmp_path):
     reference = method_runs[0]["oprl"]
     d = tmp_path / "killed"
     d.mkdir()
@@ -147,6 +147,8 @@ def test_killed_anywhere_the_run_resumes_to_identical_tables(method_runs, tmp_pa
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     results = d / "results"
+    # iteration 0 (init, evaluate@0) is GRPO's, as in the reference run: the kills start from there
+    shutil.copytree(grpo_run / "results/iter_0", results / "iter_0")
     kill_then_resume(d, 1, [  # (stage logs, a line each prints once it is working; outputs that must not exist)
         ([("rollout_1.log", "[rollout[1]")], ["iter_1/steps.parquet"]),
         ([("fit_2.log", "[fit[2]")], ["iter_2/reward_model", "iter_2/step_rewards.parquet"]),
