@@ -7,6 +7,9 @@
   distribution, the one the trainer recomputes. Seeds: vLLM's engine-wide seed always; each request the episode's
   seed for that turn only on a GPU, since on the CPU a per-request generator kills the engine (so vLLM's samples
   on a CPU depend on what else is in the batch, and a sharded vLLM rollout differs from an unsharded one).
+  On a CPU the engine's threads are not pinned (`VLLM_CPU_OMP_THREADS_BIND=nobind` unless the user set it): vLLM's
+  automatic binding keeps one core for its front end and pins the worker to the rest, while torch keeps the
+  stage's thread count, so on 2 cores two threads spin on one core (10x slower sampling, docs/models.md).
 
 Both return `pipeline.model.policy.Generation`s, so the step table is the same whichever engine sampled it.
 """
@@ -14,6 +17,7 @@ Both return `pipeline.model.policy.Generation`s, so the step table is the same w
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -88,6 +92,8 @@ class VLLMSampler:
             model.save_pretrained(self._tmp)
             tok.save_pretrained(self._tmp)
             folder = self._tmp
+        if device.type == "cpu":   # the stage's thread budget (OMP_NUM_THREADS), placed by the OS
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.per_request_seed = device.type == "cuda"
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
         self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,

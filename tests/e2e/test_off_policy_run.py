@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.overlap import job_intervals, overlap_seconds
+from bench.overlap import job_intervals
 from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, workflow_files
 from tests.e2e.test_resume import kill_then_resume, tree_bytes
 
@@ -29,13 +29,14 @@ def lagged(tmp_path_factory):
     return d, log, tree_bytes(d / "results")
 
 
-def test_rollout_runs_beside_the_update_and_the_update_weighs_the_older_policys_turns(lagged):
+def test_rollout_does_not_wait_for_the_update_and_the_update_weighs_the_older_policys_turns(lagged):
     d, log, _ = lagged
-    # Snakemake's log (read as bench.overlap reads it): rollout 2 and update 1 ran at the same time
+    # Snakemake's log (read as bench.overlap reads it): rollout 2 did not wait for update 1 (it started before update
+    # 1 finished; whether the two overlap or rollout 2 ran even earlier, beside rollout 1's successors, is
+    # Snakemake's scheduling on 2 cores)
     jobs = job_intervals(log)
     rollout, update = jobs["rollout@2"], jobs["update@1"]
-    assert rollout[0] < update[1] and update[0] < rollout[1], f"rollout@2 {rollout} and update@1 {update}"
-    assert overlap_seconds(jobs, {"rollout"}, {"update"}) > 0
+    assert rollout[0] < update[1], f"rollout@2 {rollout} waited for update@1 {update}"
     # update 1: rollout and start checkpoints are both iteration 0's; update 2: behaviour 0, proximal 1
     first, second = ((d / f"results/logs/update_{i}.log").read_text() for i in (1, 2))
     assert "behaviour" not in first
