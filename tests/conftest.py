@@ -93,21 +93,18 @@ def grpo_run(tmp_path_factory) -> Path:
     return d
 
 
-# The shared runs are built once per worker, so the tests that read them are grouped (xdist groups): those of the
-# method runs (which continue the GRPO run) on one worker, those of the GRPO run alone on another, which builds its
-# own copy of that run (about a minute) rather than waiting for the first worker to finish its half.
-SHARED_RUN_GROUPS = ("method_runs", "grpo_run")
+# each continues the shared GRPO run; RLOO, GRPO's leave-one-out twin, runs end to end in test_bench's learning smoke
+SHARED_RUNS = {"grpo_run", "method_runs"}   # built once per worker: their tests run on one worker (xdist group)
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The tests that read the shared tiny runs go to their group's worker, which builds them once; the other
-    workers take the rest meanwhile. Likewise each end-to-end module's tests go to one worker (xdist's loadgroup
-    hands out ungrouped tests one by one, and a module-scoped run would be built once per worker)."""
+    """Every test that reads the shared tiny runs goes to one xdist worker, which builds them once; the other worker
+    takes the rest meanwhile. Likewise each end-to-end module's tests go to one worker (xdist's loadgroup hands
+    out ungrouped tests one by one, and a module-scoped run would be built once per worker)."""
     for item in items:
-        shared = [g for g in SHARED_RUN_GROUPS if g in getattr(item, "fixturenames", ())]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        if SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared_runs"))
         elif item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
             # an end-to-end module's tests share its module-scoped run: one worker builds it once
             item.add_marker(pytest.mark.xdist_group(item.module.__name__.rsplit(".", 1)[-1]))
@@ -116,8 +113,8 @@ def pytest_collection_modifyitems(config, items):
 
 # xdist hands out whole groups and modules in collection order (`--no-loadscope-reorder`): the longest first (the
 # shared runs, then the real model's and vLLM's runs, then the other end-to-end modules), so that the many short
-# unit tests fill the end and no worker is left alone with a long group.
-HEAVY_GROUPS = (*SHARED_RUN_GROUPS, "smollm2", "vllm")
+# unit tests fill the end and neither worker is left alone with a long group.
+HEAVY_GROUPS = ("shared_runs", "smollm2", "vllm")
 
 
 def _cost_rank(item) -> int:
@@ -127,7 +124,6 @@ def _cost_rank(item) -> int:
     return len(HEAVY_GROUPS) + (0 if item.get_closest_marker("e2e") else 1)
 
 
-# each continues the shared GRPO run; RLOO, GRPO's leave-one-out twin, runs end to end in test_bench's learning smoke
 SHARED_RUN_METHODS = tuple(m for m in METHODS if m not in ("grpo", "rloo"))
 # the runs that test_compare's report and test_resume's reference read to the end; the others stop at the last
 # update (evaluate and report do not depend on the method: they cost the suite 3 jobs a method and test nothing new)
