@@ -1,7 +1,7 @@
 """One step off-policy through the workflow (`loop.off_policy_lag: 1`), on the tiny configuration with 2 iterations:
-rollout 2 samples from iteration 0's checkpoint while update 1 trains; update 2 starts from checkpoint 1 and weighs
-the turns checkpoint 0 sampled (the decoupled loss). Snakemake and DVC agree before and after a switch of the lag, and
-a run killed in the middle of the overlapped jobs resumes to the same bytes."""
+rollout 2 samples from iteration 0's checkpoint without waiting for update 1; update 2 starts from checkpoint 1 and
+weighs the turns checkpoint 0 sampled (the decoupled loss). Snakemake and DVC agree before and after a switch of the
+lag, and a run killed in the middle of the overlapped jobs resumes to the same bytes."""
 
 import re
 import shutil
