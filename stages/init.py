@@ -51,7 +51,9 @@ def build_tiny(ctx):
     p = ctx.params
     seed = stage_seed("init", p.seed)
     ctx.log("training the tokenizer on environment text")
-    tokenizer = train_tokenizer(tokenizer_corpus(p, seed), p.policy.tiny.vocab_size, spec_of(p.env).isolate)
+    spec = spec_of(p.env)
+    words = spec.words(p.env) if spec.words is not None else []
+    tokenizer = train_tokenizer(tokenizer_corpus(p, seed), p.policy.tiny.vocab_size, spec.isolate, words)
     model = mark(build_tiny_model(tokenizer, p.policy.tiny, seed), p.policy.dtype)
     model.to(resolve_device(p.runtime.device))
     ctx.log(f"tiny Llama: {sum(x.numel() for x in model.parameters()):,} parameters, vocabulary {len(tokenizer)}, "

@@ -25,7 +25,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 CAPABILITIES = {
     "oracle_distance": "an exact distance to the goal (the credit-quality oracle)",
@@ -71,6 +71,9 @@ class EnvSpec:
     make: Callable[..., Env]           # make(config, cache_dir) -> Env
     # characters the tiny model's tokenizer keeps as single tokens (a grid's cells), or None
     isolate: str | None = None
+    # words(config) -> strings the tiny model's tokenizer adds whole (ids a small model must copy from its prompt:
+    # one token is copied by one attention lookup, a string of BPE pieces needs a learned copy circuit), or None
+    words: Callable[[Any], list[str]] | None = None
     # modules the environment's engine needs, and the packages that install them (for the error when one is missing)
     requires: tuple[str, ...] = ()
     packages: str = ""

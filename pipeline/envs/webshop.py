@@ -471,5 +471,15 @@ def _plan(env: WebShopEnv, s: Page) -> float:
     return item if s.kind == "item" else min(back, 1 + item)
 
 
+MAX_ID_TOKENS = 10_000   # products whose ids the tiny tokenizer adds whole; beyond, ids stay BPE pieces
+
+
+def id_words(cfg: WebShopConfig) -> list[str]:
+    """Each product's id as the results page shows it and as `click[...]` writes it: the tiny policy copies an id
+    as one token (as BPE pieces it wrote ids that are on no page). Not for the full 1.18M-product shop."""
+    ids = list(load_shop(_root(cfg.data_path), cfg.num_products).by_asin)
+    return [w for a in ids for w in (a, a.lower())] if len(ids) <= MAX_ID_TOKENS else []
+
+
 SPEC = register(EnvSpec("webshop", WebShopConfig, WebShopEnv, requires=("bm25s", "thefuzz"),
-                        packages="the bm25s and thefuzz packages"))
+                        packages="the bm25s and thefuzz packages", words=id_words))

@@ -11,12 +11,13 @@ import functools
 import inspect
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.model.precision import DTYPES, autocast, mark
 
@@ -24,9 +25,10 @@ EOS = "<eos>"
 PAD = "<pad>"
 
 
-def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = None):
+def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = None, words: Sequence[str] = ()):
     """A byte-level BPE tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast`; `isolate` is a
-    regex of characters kept as single tokens (the environment's, e.g. a grid's cells)."""
+    regex of characters kept as single tokens (the environment's, e.g. a grid's cells); `words` are added whole,
+    one token each, beyond `vocab_size` (the environment's ids)."""
     from transformers import PreTrainedTokenizerFast  # start-up cost: transformers
 
     tok = Tokenizer(models.BPE())
@@ -41,6 +43,8 @@ def train_tokenizer(corpus: list[str], vocab_size: int, isolate: str | None = No
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    if words:
+        tok.add_tokens([AddedToken(w, normalized=False) for w in dict.fromkeys(words)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
 
 
