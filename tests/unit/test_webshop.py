@@ -240,6 +240,25 @@ def test_pages_commands_and_an_invalid_turn(env):
     assert res.terminated and 0.0 <= res.reward == env.task_score() and res.success == (res.reward == 1.0)
 
 
+def test_the_tiny_tokenizer_keeps_each_product_id_one_token(env):
+    """The tiny policy copies `click[<id>]` from its prompt: each id of the 300 products, as the page shows it
+    and as the command writes it, is one token, and pages still decode to their text."""
+    from pipeline.envs.base import spec_of
+    from pipeline.envs.webshop import Page
+    from pipeline.model.policy import train_tokenizer
+
+    words = spec_of(env.cfg).words(env.cfg)
+    assert len(words) == 600 and {"B0NTK3SQ0U", "b0ntk3sq0u"} <= set(words)
+    corpus = ["Back to Search [SEP] Page 1 click[buy now]"] * 4
+    tok = train_tokenizer(corpus, 300, None, words)
+    assert len(tok) == len(train_tokenizer(corpus, 300)) + 600
+    pieces = [tok.decode([i]) for i in tok("click[b0ntk3sq0u] [SEP] B0NTK3SQ0U")["input_ids"]]
+    assert pieces[pieces.index("[") + 1] == "b0ntk3sq0u" and pieces[-1] == "B0NTK3SQ0U"
+    env.reset(0)
+    page = env.render(Page("results", query="bluetooth speaker"))
+    assert tok.decode(tok(page)["input_ids"]) == page
+
+
 # -- bad data -----------------------------------------------------------------------------------------------------
 
 def _copy_shop(d: Path) -> Path:
