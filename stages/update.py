@@ -102,7 +102,7 @@ def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> lis
     off-policy the proximal policy's)."""
     ctx.log(f"recomputing log pi_old for {len(turns.prompts)} turns")
     return shared_logprobs(model, turns.prompts, turns.responses, pad_id, ctx.params.update.minibatch_size,
-                           ctx.params.rollout.temperature, procs)
+                           ctx.params.rollout.temperature, procs, ctx.log)
 
 
 def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
@@ -145,8 +145,9 @@ def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Proce
     """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature."""
     p = ctx.params
     model, _ = load_policy(checkpoint, p.policy.dtype, procs.device, train=True)
+    ctx.log(f"log-probs of {len(turns.prompts)} turns under {checkpoint}")
     return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
-                           p.rollout.temperature, procs)
+                           p.rollout.temperature, procs, ctx.log)
 
 
 def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], trace: list[float], tracker) -> None:

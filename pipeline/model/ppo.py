@@ -56,13 +56,22 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
+PROGRESS_S = 30.0   # the longest silence between progress lines of a long pass
+
+
 @torch.no_grad()
 def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      batch_size: int, temperature: float = 1.0) -> list[torch.Tensor]:
-    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn)."""
+                      batch_size: int, temperature: float = 1.0,
+                      progress: Callable[[str], None] | None = None) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn); a progress
+    line at most every 30 s."""
     model.eval()
     out = []
+    started = last = time.perf_counter()
     for b in range(0, len(prompts), batch_size):
+        if progress is not None and b and time.perf_counter() - last >= PROGRESS_S:
+            last = time.perf_counter()
+            progress(f"log-probs of {b}/{len(prompts)} turns, {b / (last - started):.2f} turns/s")
         ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
         logp, _ = token_logprobs(model, ids, resp, temperature=temperature)
         logp = logp.cpu()
@@ -72,10 +81,10 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
 
 
 def shared_logprobs(model, prompts, responses, pad_id: int, batch_size: int, temperature: float,
-                    procs: Processes) -> list[torch.Tensor]:
+                    procs: Processes, progress: Callable[[str], None] | None = None) -> list[torch.Tensor]:
     """`sequence_logprobs` of every turn, each process computing its share and gathering the others'."""
     mine = sequence_logprobs(model, share(prompts, procs.rank, procs.world), share(responses, procs.rank, procs.world),
-                             pad_id, batch_size, temperature)
+                             pad_id, batch_size, temperature, progress)
     return gather_shares(mine, procs.world)
 
 
@@ -101,7 +110,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
     steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
-    started = time.perf_counter()
+    started = last = time.perf_counter()
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
     turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id, behaviour_weights)
@@ -124,7 +133,9 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
             for k, v in sums.items():
                 if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
                     stats[k].append(v)
-            if progress is not None and (step % 10 == 0 or step == steps_total):
+            if progress is not None and (step % 10 == 0 or step == steps_total
+                                         or time.perf_counter() - last >= PROGRESS_S):
+                last = time.perf_counter()
                 rate = step / (time.perf_counter() - started)
                 progress(f"update step {step}/{steps_total}: loss {sums['loss']:.4f}, "
                          f"clipfrac {sums['clipfrac']:.3f}, {rate:.2f} steps/s")

@@ -111,3 +111,20 @@ def test_token_logprobs_match_a_masked_full_forward_and_generation(qwen_folder):
             assert torch.allclose(ent[resp], ref_ent[resp], atol=1e-5)
     for i, g in enumerate(gens):
         assert torch.allclose(logp[i][resp[i]], torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_log_prob_passes_report_progress_with_a_rate(monkeypatch):
+    """A long `log π_old` pass is not silent: with the interval at 0, a line after each batch but the last, and the
+    log-probs are those of one pass without progress."""
+    from pipeline.model import ppo
+    from tests.conftest import batch, tiny_llama
+
+    prompts, responses, *_ = batch()            # 16 turns
+    model = tiny_llama()
+    quiet = ppo.sequence_logprobs(model, prompts, responses, 0, 5)
+    monkeypatch.setattr(ppo, "PROGRESS_S", 0.0)
+    lines = []
+    loud = ppo.sequence_logprobs(model, prompts, responses, 0, 5, progress=lines.append)
+    assert [x.split(",")[0] for x in lines] == [f"log-probs of {n}/16 turns" for n in (5, 10, 15)]
+    assert all(x.endswith("turns/s") for x in lines)
+    assert all(torch.equal(a, b) for a, b in zip(quiet, loud, strict=True))
