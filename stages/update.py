@@ -63,7 +63,7 @@ def main(argv=None) -> None:
         weights, off_policy = ((None, {}) if behaviour is None
                                else behaviour_weights(old, behaviour, p.update.behaviour_weight_cap))
         mismatch = engine_mismatch(turns, old if behaviour is None else behaviour)
-        ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs)
+        ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs, old)
         make_optimizer = _optimizer_of(p)
         optimizer = make_optimizer(model.parameters())
         adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
@@ -134,10 +134,14 @@ def behaviour_weights(proximal: list, behaviour: list, cap: float) -> tuple[list
                      float((w >= cap).float().mean()), "behaviour_kl": float(log_ratio.mean())}
 
 
-def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list | None:
-    """The KL reference's (the initial policy's) log-probs, where `update.kl_coef` > 0."""
+def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes, old: list) -> list | None:
+    """The KL reference's (the initial policy's) log-probs, where `update.kl_coef` > 0. Where the update starts
+    from the initial policy (iteration 1; with LoRA its fresh adapters add zero), they are `old`: no second pass."""
     if ctx.params.update.kl_coef <= 0:
         return None
+    if ctx.path(paths.PREV_CHECKPOINT) == ctx.path(paths.CHECKPOINT, 0):
+        ctx.log("the KL reference is the checkpoint the update starts from: its log-probs are log pi_old")
+        return old
     return checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), pad_id, turns, procs)
 
 

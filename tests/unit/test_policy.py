@@ -128,3 +128,25 @@ def test_log_prob_passes_report_progress_with_a_rate(monkeypatch):
     assert [x.split(",")[0] for x in lines] == [f"log-probs of {n}/16 turns" for n in (5, 10, 15)]
     assert all(x.endswith("turns/s") for x in lines)
     assert all(torch.equal(a, b) for a, b in zip(quiet, loud, strict=True))
+
+
+def test_the_kl_reference_at_iteration_1_is_log_pi_old_without_a_second_pass(tmp_path, monkeypatch):
+    """`update.kl_coef` > 0: at iteration 1 the update starts from the reference (checkpoint 0; LoRA's fresh
+    adapters add zero), so its log-probs are log π_old's; from iteration 2 on, checkpoint 0 is read and run."""
+    import stages.update as update
+    from pipeline.config.params import load_params
+    from pipeline.workflow.cli import StageContext
+    from tests.conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["update"]["kl_coef"] = 0.1
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    p = load_params(tmp_path / "p.yaml")
+    read = []
+    monkeypatch.setattr(update, "checkpoint_logprobs", lambda ctx, ckpt, *a: read.append(str(ckpt)) or ["ref"])
+    old = [torch.tensor([-0.5, -1.0])]
+    ctx = lambda it: StageContext(p, "p.yaml", it, "update", 0.0)  # noqa: E731
+    assert update.reference_logprobs(ctx(1), 0, None, None, old) is old and read == []
+    assert update.reference_logprobs(ctx(2), 0, None, None, old) == ["ref"] and read == ["results/iter_0/checkpoint"]
+    p = p.model_copy(update={"update": p.update.model_copy(update={"kl_coef": 0.0})})
+    assert update.reference_logprobs(ctx(2), 0, None, None, old) is None
