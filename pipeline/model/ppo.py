@@ -13,7 +13,6 @@ policy's (the checkpoint the update starts from), and each token's loss is multi
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ import torch
 from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
 from pipeline.model.policy import pad_batch, token_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
+from pipeline.progress import Ticker
 
 __all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequence_logprobs", "shared_logprobs"]
 
@@ -56,22 +56,18 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
-PROGRESS_S = 30.0   # the longest silence between progress lines of a long pass
-
-
 @torch.no_grad()
 def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                       batch_size: int, temperature: float = 1.0,
                       progress: Callable[[str], None] | None = None) -> list[torch.Tensor]:
     """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn); a progress
-    line at most every 30 s."""
+    line where `Ticker` says one is due (at most 30 s apart)."""
     model.eval()
     out = []
-    started = last = time.perf_counter()
+    ticker = Ticker()
     for b in range(0, len(prompts), batch_size):
-        if progress is not None and b and time.perf_counter() - last >= PROGRESS_S:
-            last = time.perf_counter()
-            progress(f"log-probs of {b}/{len(prompts)} turns, {b / (last - started):.2f} turns/s")
+        if progress is not None and b and ticker.due(b):
+            progress(f"log-probs of {b}/{len(prompts)} turns, {ticker.rate(b):.2f} turns/s")
         ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
         logp, _ = token_logprobs(model, ids, resp, temperature=temperature)
         logp = logp.cpu()
@@ -110,7 +106,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
     steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
-    started = last = time.perf_counter()
+    ticker = Ticker(steps_total, every=10)
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
     turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id, behaviour_weights)
@@ -133,12 +129,9 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
             for k, v in sums.items():
                 if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
                     stats[k].append(v)
-            if progress is not None and (step % 10 == 0 or step == steps_total
-                                         or time.perf_counter() - last >= PROGRESS_S):
-                last = time.perf_counter()
-                rate = step / (time.perf_counter() - started)
+            if progress is not None and ticker.due(step):
                 progress(f"update step {step}/{steps_total}: loss {sums['loss']:.4f}, "
-                         f"clipfrac {sums['clipfrac']:.3f}, {rate:.2f} steps/s")
+                         f"clipfrac {sums['clipfrac']:.3f}, {ticker.rate(step):.2f} steps/s")
     model.eval()
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)

@@ -17,7 +17,6 @@ Why these settings, with the measurements behind them: docs/results.md, "Warm-st
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 
 import torch
@@ -27,6 +26,7 @@ from pipeline.envs.actions import format_action
 from pipeline.envs.base import has, make_env, require
 from pipeline.model.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.model.precision import Stepper
+from pipeline.progress import Ticker
 from pipeline.rollout.prompts import build_prompt
 
 
@@ -100,7 +100,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     stepper = Stepper(model, opt, grad_clip=1.0)
     model.train()
     losses = []
-    started = last = time.perf_counter()
+    ticker = Ticker(steps, every=50)
     for step in range(steps):
         encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
@@ -114,10 +114,8 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
         stepper.step(f"warm start step {step}")
         sched.step()
         losses.append(loss.item())
-        now = time.perf_counter()
-        if progress is not None and ((step + 1) % 50 == 0 or step + 1 == steps or now - last >= 30):
-            last = now
-            rate = (step + 1) / (now - started)
+        if progress is not None and ticker.due(step + 1):
+            rate = ticker.rate(step + 1)
             recent = losses[-min(50, len(losses)):]
             progress(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}, "
                      f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")

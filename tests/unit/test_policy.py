@@ -116,13 +116,14 @@ def test_token_logprobs_match_a_masked_full_forward_and_generation(qwen_folder):
 def test_log_prob_passes_report_progress_with_a_rate(monkeypatch):
     """A long `log π_old` pass is not silent: with the interval at 0, a line after each batch but the last, and the
     log-probs are those of one pass without progress."""
+    from pipeline import progress
     from pipeline.model import ppo
     from tests.conftest import batch, tiny_llama
 
     prompts, responses, *_ = batch()            # 16 turns
     model = tiny_llama()
     quiet = ppo.sequence_logprobs(model, prompts, responses, 0, 5)
-    monkeypatch.setattr(ppo, "PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "MAX_SILENCE_S", 0.0)
     lines = []
     loud = ppo.sequence_logprobs(model, prompts, responses, 0, 5, progress=lines.append)
     assert [x.split(",")[0] for x in lines] == [f"log-probs of {n}/16 turns" for n in (5, 10, 15)]
