@@ -12,7 +12,8 @@ Each turn is labelled by the oracle of docs/credit-assignment.md (Oracle credit)
 when d(s_{t+1}) > d(s_t) or the action was invalid, d the exact distance to success that the environment provides
 (`oracle_distance`: Sokoban's BFS solver), read while replaying each episode. The score is the ROC-AUC of the per-turn
 advantage for separating good from bad turns, plus the share of turns each method gives a non-zero step-level signal,
-over all iterations and per iteration; for a learned model, `auc_score` scores its own output: a turn's score by
+over all iterations and per iteration, and both AUCs again on the valid turns alone (the oracle calls every
+invalid turn bad); for a learned model, `auc_score` scores its own output: a turn's score by
 the same ROC-AUC, a state's value (GAE's V(s_t)) by how often, of two states at different oracle distances, the
 nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_iteration.csv,
 credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift) and credit_quality.png.
@@ -93,7 +94,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         parts = []
         for it, table in tables.items():
             t = table.join(scores[it], on=["episode_id", "step"]) if scores else table
-            extra = ("good", "distance", *(("score",) if scores else ()))
+            extra = ("good", "distance", "action_valid", *(("score",) if scores else ()))
             adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", *extra), on=["episode_id", "step"])
             by_iteration.append({"method": method, "iteration": it, **score_advantages(adv, kind)})
             parts.append(adv)
@@ -102,7 +103,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         own = "" if kind is None else f"; its {kind} model's own score {rows[-1]['auc_score']:.3f}"
         print(f"{method:>6}: ROC-AUC {rows[-1]['auc']:.3f} (step term alone {rows[-1]['auc_step_term']:.3f}; by "
               f"iteration {per_it}), non-zero step signal on {rows[-1]['share_nonzero_step_signal']:.0%} of turns"
-              f"{own}", flush=True)
+              f"{own}; valid turns alone {rows[-1]['auc_valid']:.3f} (step term "
+              f"{rows[-1]['auc_step_term_valid']:.3f})", flush=True)
     df = pl.DataFrame(rows, infer_schema_length=None)
     per_it_df = pl.DataFrame(by_iteration, infer_schema_length=None)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +122,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         metrics = {}
         for r in rows:
             metrics.update({f"{r['method']}_auc": r["auc"], f"{r['method']}_auc_step_term": r["auc_step_term"],
+                            f"{r['method']}_auc_valid": r["auc_valid"],
+                            f"{r['method']}_auc_step_term_valid": r["auc_step_term_valid"],
                             f"{r['method']}_share_nonzero_step_signal": r["share_nonzero_step_signal"]})
             if r.get("auc_score") is not None:
                 metrics[f"{r['method']}_auc_score"] = r["auc_score"]

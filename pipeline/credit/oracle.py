@@ -85,6 +85,10 @@ def score_advantages(adv: pl.DataFrame, score_kind: str | None = None) -> dict[s
     """ROC-AUC of the advantage and of its step term on the judged turns (`good` 1 or 0), and the share of turns with
     a step signal. A method without a step term (all zero) has no step-term AUC (NaN), rather than chance's 0.5.
 
+    With an `action_valid` column, also `auc_valid` and `auc_step_term_valid`: the same on the valid turns alone.
+    The oracle calls every invalid turn bad and every method docks it the same penalty, so these say how well a
+    method ranks the choices between valid commands.
+
     With `score_kind` (a learned model's `StepRewardModel.score_kind`) and the table's `score` column, also
     `auc_score`: the ROC-AUC of a per-turn score on the judged turns ("turn"), or `state_auc` of a state value
     against the oracle's `distance` ("state")."""
@@ -95,6 +99,11 @@ def score_advantages(adv: pl.DataFrame, score_kind: str | None = None) -> dict[s
            "auc_step_term": roc_auc(judged["step_advantage"].to_numpy(), labels) if has_step else math.nan,
            "share_nonzero_step_signal": float((adv["step_advantage"] != 0).mean()) if adv.height else 0.0,
            "turns": adv.height}
+    if "action_valid" in judged.columns:
+        valid = judged.filter(pl.col("action_valid"))
+        labels = valid["good"].to_numpy()
+        out["auc_valid"] = roc_auc(valid["advantage"].to_numpy(), labels)
+        out["auc_step_term_valid"] = roc_auc(valid["step_advantage"].to_numpy(), labels) if has_step else math.nan
     if score_kind == "turn":
         out["auc_score"] = roc_auc(judged["score"].to_numpy(), labels)
     elif score_kind == "state":

@@ -179,3 +179,26 @@ def test_real_size_smoke(tmp_path):
     assert size["checkpoint_mb"] < 0.5 * size["initial_checkpoint_mb"]
     assert size["optimizer_mb"] < size["initial_checkpoint_mb"]
     assert (df["max_rss_mb"] > 0).all() and (tmp_path / "real_size.png").stat().st_size > 0
+
+
+def test_score_advantages_on_valid_turns_by_hand():
+    """Five judged turns and one neutral: the valid turns alone rank differently from all of them."""
+    from pipeline.credit.oracle import score_advantages
+
+    adv = pl.DataFrame({
+        "advantage": [0.9, 0.2, -0.5, 0.6, 0.1, 0.0],
+        "step_advantage": [0.4, -0.1, 0.3, 0.0, 0.2, 0.0],
+        "good": [1, 1, 0, 0, 0, None],
+        "action_valid": [True, True, True, False, True, True],
+    }, schema_overrides={"good": pl.Int8})
+    s = score_advantages(adv)
+    # all judged: good {0.9, 0.2} vs bad {-0.5, 0.6, 0.1}: 0.9 beats 3, 0.2 beats 2 -> 5/6
+    assert s["auc"] == pytest.approx(5 / 6)
+    # step terms: good {0.4, -0.1} vs bad {0.3, 0.0, 0.2}: 0.4 beats 3, -0.1 beats 0 -> 3/6
+    assert s["auc_step_term"] == pytest.approx(3 / 6)
+    # valid only (the invalid 0.6 drops out): good {0.9, 0.2} vs bad {-0.5, 0.1} -> 4/4
+    assert s["auc_valid"] == pytest.approx(1.0)
+    # step terms, valid only: good {0.4, -0.1} vs bad {0.3, 0.2} -> 2/4
+    assert s["auc_step_term_valid"] == pytest.approx(0.5)
+    assert s["share_nonzero_step_signal"] == pytest.approx(4 / 6) and s["turns"] == 6
+    assert "auc_valid" not in score_advantages(adv.drop("action_valid"))
