@@ -16,7 +16,9 @@ over all iterations and per iteration, and both AUCs again on the valid turns al
 invalid turn bad); for a learned model, `auc_score` scores its own output: a turn's score by
 the same ROC-AUC, a state's value (GAE's V(s_t)) by how often, of two states at different oracle distances, the
 nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_iteration.csv,
-credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift) and credit_quality.png.
+credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift), credit_quality.png and
+credit_quality_turns.parquet (each method's terms for each turn beside the oracle's label and distance: the rows
+behind an AUC, to see which turns a method ranks wrong).
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from pipeline.credit.oracle import (
     score_advantages,
 )
 from pipeline.data.figures import pyplot, save_figure
-from pipeline.data.tables import STEPS, read_table, write_text_atomic
+from pipeline.data.tables import STEPS, atomic_file, read_table, write_text_atomic
+
+# one row per (method, turn) in credit_quality_turns.parquet: what each method gave each turn, and the oracle's word
+TURN_COLUMNS = ["method", "iteration", "episode_id", "step", "action", "action_valid", "reward", "good", "distance",
+                "episode_advantage", "step_advantage", "penalty", "advantage"]
 
 
 def fitted_scores(run: Path, params, iterations: list[int], method: str
@@ -83,7 +89,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     n_bad = int((labelled["good"] == 0).sum())
     print(f"{labelled.height} turns of iterations {iterations[0]}..{iterations[-1]}: {n_good} good, {n_bad} bad, "
           f"{labelled.height - n_good - n_bad} neutral", flush=True)
-    rows, by_iteration, fit_stats = [], [], []
+    rows, by_iteration, fit_stats, turns = [], [], [], []
     for method in methods:
         scores, kind = {}, None
         if METHODS[method].fits:
@@ -94,11 +100,12 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         parts = []
         for it, table in tables.items():
             t = table.join(scores[it], on=["episode_id", "step"]) if scores else table
-            extra = ("good", "distance", "action_valid", *(("score",) if scores else ()))
+            extra = ("good", "distance", "action_valid", "action", "reward", *(("score",) if scores else ()))
             adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", *extra), on=["episode_id", "step"])
             by_iteration.append({"method": method, "iteration": it, **score_advantages(adv, kind)})
-            parts.append(adv)
+            parts.append(adv.with_columns(pl.lit(method).alias("method"), pl.lit(it, pl.Int32).alias("iteration")))
         rows.append({"method": method, **score_advantages(pl.concat(parts), kind), "good": n_good, "bad": n_bad})
+        turns.append(pl.concat(parts).select(TURN_COLUMNS))
         per_it = ", ".join(f"{r['auc_step_term']:.3f}" for r in by_iteration if r["method"] == method)
         own = "" if kind is None else f"; its {kind} model's own score {rows[-1]['auc_score']:.3f}"
         print(f"{method:>6}: ROC-AUC {rows[-1]['auc']:.3f} (step term alone {rows[-1]['auc_step_term']:.3f}; by "
@@ -112,6 +119,9 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
              out_dir / "credit_quality.png"]
     write_text_atomic(files[0], df.write_csv())
     write_text_atomic(files[1], per_it_df.write_csv())
+    files.append(out_dir / "credit_quality_turns.parquet")
+    with atomic_file(files[-1]) as tmp:
+        pl.concat(turns).write_parquet(tmp)
     if fit_stats:
         files.append(out_dir / "credit_quality_fit.csv")
         write_text_atomic(files[-1], pl.DataFrame(fit_stats, infer_schema_length=None).write_csv())

@@ -75,6 +75,14 @@ def test_credit_quality_smoke(grpo_run, tmp_path):
     assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
     assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHOD_NAMES)
     assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
+    turns = pl.read_parquet(out / "credit_quality_turns.parquet")   # the rows behind each AUC
+    assert turns.height == len(METHOD_NAMES) * rows["grpo"]["turns"]
+    for m in METHOD_NAMES:
+        t = turns.filter((pl.col("method") == m) & pl.col("good").is_not_null())
+        auc = credit_quality.roc_auc(t["advantage"].to_numpy(), t["good"].to_numpy())
+        assert auc == pytest.approx(rows[m]["auc"], nan_ok=True)
+    assert (turns.filter(pl.col("method") == "grpo")["step_advantage"] == 0).all()
+    assert (turns.filter(~pl.col("action_valid"))["good"] == 0).all()
 
 
 def test_learning_summary_by_hand():
