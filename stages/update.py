@@ -2,8 +2,8 @@
 
 Its phases, as a torchtune recipe's: setup (the turns and their advantages, the trainable policy, AdamW resumed
 from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
-temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; the KL
-reference's where `update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state,
+temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; or,
+with `update.old_logprobs: engine`, the engine's own; the KL reference's where `update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state,
 metrics). One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
 `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the behaviour
 policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the decoupled loss.
@@ -58,11 +58,15 @@ def main(argv=None) -> None:
         seed = stage_seed("update", p.seed, it)
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
                                           p.update.gradient_checkpointing)
-        old = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
-        behaviour = behaviour_logprobs(ctx, tokenizer.pad_token_id, turns, procs)
+        sampled = engine_logprobs(ctx, turns)
+        on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
+        old = (sampled if on_policy and sampled is not None
+               else old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs))
+        behaviour = (None if on_policy else sampled if sampled is not None
+                     else behaviour_logprobs(ctx, tokenizer.pad_token_id, turns, procs))
         weights, off_policy = ((None, {}) if behaviour is None
                                else behaviour_weights(old, behaviour, p.update.behaviour_weight_cap))
-        mismatch = engine_mismatch(turns, old if behaviour is None else behaviour)
+        mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
         ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs, old)
         make_optimizer = _optimizer_of(p)
         optimizer = make_optimizer(model.parameters())
@@ -97,6 +101,16 @@ def read_turns(ctx) -> Turns:
                  table["response_logprobs"].to_list())
 
 
+def engine_logprobs(ctx, turns: Turns) -> list | None:
+    """With `update.old_logprobs: engine`, the rollout engine's log-probs of the sampled tokens (at the sampling
+    temperature), which then stand in for the sampling checkpoint's; else None."""
+    if ctx.params.update.old_logprobs != "engine":
+        return None
+    ctx.log(f"the rollout engine's log-probs stand in for the sampling checkpoint's ({len(turns.prompts)} turns, "
+            "update.old_logprobs: engine)")
+    return [torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs]
+
+
 def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> list:
     """`log π_old` of every response token under the checkpoint the update starts from (the rollout's, or one step
     off-policy the proximal policy's)."""
@@ -114,12 +128,10 @@ def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
             "logprob_mismatch_share_over_0.1": float((gap > 0.1).float().mean())}
 
 
-def behaviour_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list | None:
+def behaviour_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list:
     """One step off-policy, the log-probs of the checkpoint that sampled the turns, where it is not the one the
-    update starts from (from iteration 2 on); else None."""
-    rollout, start = ctx.path(paths.ROLLOUT_CHECKPOINT), ctx.path(paths.PREV_CHECKPOINT)
-    if rollout == start:
-        return None
+    update starts from (from iteration 2 on)."""
+    rollout = ctx.path(paths.ROLLOUT_CHECKPOINT)
     ctx.log(f"recomputing the behaviour policy's log-probs ({rollout})")
     return checkpoint_logprobs(ctx, rollout, pad_id, turns, procs)
 

@@ -187,7 +187,8 @@ CreditConfig = create_model(
 class UpdateConfig(Section):
     lr: float = Field(2e-4, gt=0.0)
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
-    minibatch_size: int = Field(64, ge=1, description="turns per optimiser step")
+    minibatch_size: int = Field(64, ge=1, description="turns per optimiser step, at most: an iteration's n turns "
+                                "are cut into ceil(n / minibatch_size) minibatches of near-equal size")
     micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
                                          "gradients are accumulated over its micro-batches, with the same token-mean "
                                          "loss (memory, not maths; null: the whole minibatch at once)")
@@ -199,6 +200,12 @@ class UpdateConfig(Section):
     entropy_coef: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    old_logprobs: Literal["recompute", "engine"] = Field(
+        "recompute", description="recompute: the log-probs of the checkpoint that sampled the turns are recomputed "
+        "by the trainer (log pi_old, or one step off-policy the behaviour policy's), as verl does; engine: the "
+        "rollout engine's own log-probs of the sampled tokens stand in for them, one forward pass over the turns "
+        "fewer. Sound where the engine computes what the trainer does (fp32 on a CPU: the update's "
+        "logprob_mismatch, reported under recompute, was at most 5e-5 for vLLM; not bf16 vLLM on a GPU)")
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 

@@ -23,7 +23,8 @@ from pipeline.model.policy import pad_batch, token_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
-__all__ = ["NonFiniteError", "low_var_kl", "policy_loss", "ppo_update", "sequence_logprobs", "shared_logprobs"]
+__all__ = ["NonFiniteError", "low_var_kl", "minibatches", "policy_loss", "ppo_update", "sequence_logprobs",
+           "shared_logprobs"]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_ratio: float,
@@ -92,7 +93,8 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                temperature: float = 1.0, rank: int = 0, world: int = 1,
                trace: list[float] | None = None, sharded: bool = False,
                behaviour_weights: list[torch.Tensor] | None = None) -> dict[str, float]:
-    """`cfg.epochs` passes of shuffled minibatches of turns; returns the mean of each statistic. The new
+    """`cfg.epochs` passes of shuffled minibatches of turns (`minibatches`: near-equal sizes of at most
+    `cfg.minibatch_size`); returns the mean of each statistic. The new
     log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
 
     With `world` > 1 processes (torch.distributed initialised), every process draws the same minibatches, runs
@@ -113,9 +115,8 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     model.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
-        for b in range(0, n, cfg.minibatch_size):
-            idx = order[b: b + cfg.minibatch_size]
-            where = f"epoch {epoch}, minibatch {b // cfg.minibatch_size}"
+        for mb, idx in enumerate(minibatches(order, cfg.minibatch_size)):
+            where = f"epoch {epoch}, minibatch {mb}"
             optimizer.zero_grad(set_to_none=True)
             sums = _minibatch_backward(model, stepper, turns, idx, cfg, temperature, rank, world, sharded, where)
             if world > 1:
@@ -136,6 +137,20 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)
     return out
+
+
+def minibatches(order: list[int], size: int) -> list[list[int]]:
+    """`order` cut into ceil(n / size) consecutive minibatches of near-equal size (at most `size`, sizes differing by
+    at most one). Why: 577 turns in minibatches of 64 make 10 of 57-58 turns, not 9 of 64 and a last one of 1 turn
+    whose optimiser step would follow that one turn's gradient at the full learning rate."""
+    if not order:
+        return []
+    k = math.ceil(len(order) / size)
+    q, r = divmod(len(order), k)
+    cuts = [0]
+    for j in range(k):
+        cuts.append(cuts[-1] + q + (j < r))
+    return [order[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 @dataclass(frozen=True)

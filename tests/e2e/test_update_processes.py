@@ -19,14 +19,15 @@ from pipeline.workflow.registry import STAGE_BY_NAME, processes_for
 pytestmark = pytest.mark.e2e
 
 
-def _update(grpo_run, d, processes: int, sharding: str = "replicate", iteration: int = 1):
+def _update(grpo_run, d, processes: int, sharding: str = "replicate", iteration: int = 1,
+            old_logprobs: str = "recompute"):
     """Run the update of `iteration` in `d` (a copy of the shared tiny run, made for iteration 1); its step losses,
     its checkpoint's weights and the stage's output."""
     if iteration == 1:
         shutil.copytree(grpo_run, d, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
     params = yaml.safe_load((d / "params.yaml").read_text())
-    # 9-turn minibatches in micro-batches of 2: the two processes run 2 and 3 micro-batches per minibatch
-    params["update"].update(epochs=2, minibatch_size=9, micro_batch_size=2)
+    # minibatches of at most 9 turns in micro-batches of 2: on a 9-turn minibatch the two processes run 2 and 3
+    params["update"].update(epochs=2, minibatch_size=9, micro_batch_size=2, old_logprobs=old_logprobs)
     params["runtime"] = {"update_processes": processes, "update_sharding": sharding}
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
@@ -72,3 +73,16 @@ def test_two_processes_train_what_one_trains(grpo_run, tmp_path):
     two, w2, _ = _update(grpo_run, tmp_path / "fsdp", 2, "fsdp", iteration=2)
     assert one == pytest.approx(two, abs=1e-6, rel=1e-5)
     _assert_same(w2, w1)
+
+
+def test_the_engines_log_probs_stand_in_for_log_pi_old(grpo_run, tmp_path):
+    """`update.old_logprobs: engine` skips the recompute pass; the tiny run's HF engine computed the same log-probs
+    in fp32, so the update takes the same steps (its rollout's mismatch report: under 1e-5)."""
+    recomputed, w1, log1 = _update(grpo_run, tmp_path / "recompute", 1)
+    engine, w2, log2 = _update(grpo_run, tmp_path / "engine", 1, old_logprobs="engine")
+    assert "recomputing log pi_old" in log1 and "recomputing log pi_old" not in log2
+    assert "the rollout engine's log-probs stand in for the sampling checkpoint's" in log2
+    assert len(engine) == len(recomputed) >= 4
+    assert engine == pytest.approx(recomputed, abs=1e-4)
+    for k in w1:                                  # log pi_old agreed to about 1e-6, so do the weights
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)

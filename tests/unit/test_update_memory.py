@@ -65,3 +65,12 @@ def test_micro_batches_and_checkpointing_train_the_same_weights(lora):
     assert moved > 0
     for k in ("loss", "pg_loss", "clipfrac", "approx_kl", "grad_norm"):
         assert micro_stats[k] == pytest.approx(ref_stats[k], abs=1e-6), k
+
+
+def test_minibatches_are_near_equal_by_hand():
+    from pipeline.model.ppo import minibatches
+
+    sizes = lambda n, size: [len(b) for b in minibatches(list(range(n)), size)]  # noqa: E731
+    assert sizes(577, 64) == [58] * 7 + [57] * 3        # not nine of 64 and a last one of 1
+    assert sizes(9, 4) == [3, 3, 3] and sizes(8, 4) == [4, 4] and sizes(3, 64) == [3] and sizes(0, 4) == []
+    assert minibatches([5, 1, 4, 2, 3], 2) == [[5, 1], [4, 2], [3]]   # consecutive slices of the shuffled order
