@@ -3,8 +3,9 @@
 Its phases, as a torchtune recipe's: setup (the turns and their advantages, the trainable policy, AdamW resumed
 from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
 temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; or,
-with `update.old_logprobs: engine`, the engine's own; the KL reference's where `update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state,
-metrics). One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
+with `update.old_logprobs: engine`, the engine's own; the KL reference's where `update.kl_coef` > 0), train
+(`pipeline.model.ppo`), save (checkpoint, optimiser state, metrics). One step off-policy (`loop.off_policy_lag: 1`)
+the turns of i were sampled by the checkpoint of i-2:
 `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the behaviour
 policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the decoupled loss.
 
