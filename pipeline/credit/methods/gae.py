@@ -105,9 +105,11 @@ def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
 
 def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: np.ndarray, cfg, pad_id: int,
                  seed: int, progress: Log = None) -> dict[str, float]:
-    """`cfg.epochs` shuffled passes over the turns in minibatches of `cfg.minibatch_size`."""
+    """`cfg.epochs` shuffled passes over the turns in near-equal minibatches of at most `cfg.minibatch_size`
+    (`pipeline.model.ppo.minibatches`, as the policy update cuts them)."""
     import torch  # start-up cost: torch
 
+    from pipeline.model.ppo import minibatches  # start-up cost: torch
     from pipeline.model.precision import Stepper  # start-up cost: torch
 
     n = len(prompts)
@@ -119,8 +121,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
     critic.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
-        for b in range(0, n, cfg.minibatch_size):
-            rows = order[b: b + cfg.minibatch_size]
+        for rows in minibatches(order, cfg.minibatch_size):
             v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True)
             idx = torch.tensor(rows)
             loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
