@@ -101,9 +101,10 @@ def score_advantages(adv: pl.DataFrame, score_kind: str | None = None) -> dict[s
            "turns": adv.height}
     if "action_valid" in judged.columns:
         valid = judged.filter(pl.col("action_valid"))
-        labels = valid["good"].to_numpy()
-        out["auc_valid"] = roc_auc(valid["advantage"].to_numpy(), labels)
-        out["auc_step_term_valid"] = roc_auc(valid["step_advantage"].to_numpy(), labels) if has_step else math.nan
+        valid_labels = valid["good"].to_numpy()
+        out["auc_valid"] = roc_auc(valid["advantage"].to_numpy(), valid_labels)
+        out["auc_step_term_valid"] = (roc_auc(valid["step_advantage"].to_numpy(), valid_labels) if has_step
+                                      else math.nan)
     if score_kind == "turn":
         out["auc_score"] = roc_auc(judged["score"].to_numpy(), labels)
     elif score_kind == "state":

@@ -210,3 +210,6 @@ def test_score_advantages_on_valid_turns_by_hand():
     assert s["auc_step_term_valid"] == pytest.approx(0.5)
     assert s["share_nonzero_step_signal"] == pytest.approx(4 / 6) and s["turns"] == 6
     assert "auc_valid" not in score_advantages(adv.drop("action_valid"))
+    # a learned model's own score is judged on every judged turn, the invalid one included (good vs bad as above)
+    assert score_advantages(adv.with_columns(pl.col("advantage").alias("score")), "turn")["auc_score"] \
+        == pytest.approx(5 / 6)
