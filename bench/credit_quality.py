@@ -104,8 +104,9 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
             adv = compute_advantages(t, cfg).join(t.select("episode_id", "step", *extra), on=["episode_id", "step"])
             by_iteration.append({"method": method, "iteration": it, **score_advantages(adv, kind)})
             parts.append(adv.with_columns(pl.lit(method).alias("method"), pl.lit(it, pl.Int32).alias("iteration")))
-        rows.append({"method": method, **score_advantages(pl.concat(parts), kind), "good": n_good, "bad": n_bad})
-        turns.append(pl.concat(parts).select(TURN_COLUMNS))
+        scored = pl.concat(parts)
+        rows.append({"method": method, **score_advantages(scored, kind), "good": n_good, "bad": n_bad})
+        turns.append(scored.select(TURN_COLUMNS))
         per_it = ", ".join(f"{r['auc_step_term']:.3f}" for r in by_iteration if r["method"] == method)
         own = "" if kind is None else f"; its {kind} model's own score {rows[-1]['auc_score']:.3f}"
         print(f"{method:>6}: ROC-AUC {rows[-1]['auc']:.3f} (step term alone {rows[-1]['auc_step_term']:.3f}; by "

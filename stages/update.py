@@ -61,10 +61,13 @@ def main(argv=None) -> None:
                                           p.update.gradient_checkpointing)
         sampled = engine_logprobs(ctx, turns)
         on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
-        old = (sampled if on_policy and sampled is not None
-               else old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs))
-        behaviour = (None if on_policy else sampled if sampled is not None
-                     else behaviour_logprobs(ctx, tokenizer.pad_token_id, turns, procs))
+        if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
+            old = sampled if sampled is not None else old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
+            behaviour = None
+        else:              # one step off-policy: they are the behaviour policy's
+            old = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
+            behaviour = sampled if sampled is not None else behaviour_logprobs(ctx, tokenizer.pad_token_id, turns,
+                                                                              procs)
         weights, off_policy = ((None, {}) if behaviour is None
                                else behaviour_weights(old, behaviour, p.update.behaviour_weight_cap))
         mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
