@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
 from pipeline.model.policy import pad_batch, token_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
@@ -107,7 +108,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
-    steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
+    steps_total = cfg.epochs * minibatch_count(n, cfg.minibatch_size)
     ticker = Ticker(steps_total, every=10)
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
@@ -137,20 +138,6 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)
     return out
-
-
-def minibatches(order: list[int], size: int) -> list[list[int]]:
-    """`order` cut into ceil(n / size) consecutive minibatches of near-equal size (at most `size`, sizes differing by
-    at most one). Why: 577 turns in minibatches of 64 make 10 of 57-58 turns, not 9 of 64 and a last one of 1 turn
-    whose optimiser step would follow that one turn's gradient at the full learning rate."""
-    if not order:
-        return []
-    k = math.ceil(len(order) / size)
-    q, r = divmod(len(order), k)
-    cuts = [0]
-    for j in range(k):
-        cuts.append(cuts[-1] + q + (j < r))
-    return [order[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 @dataclass(frozen=True)

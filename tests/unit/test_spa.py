@@ -55,6 +55,24 @@ def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
     assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
 
 
+def test_spa_estimator_batches_are_near_equal(tmp_path, monkeypatch):
+    """12 episodes at 5 per batch: three optimiser steps on 4 episodes each, not 5, 5 and a last step on 2."""
+    import pipeline.credit.methods.spa as spa
+
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    est = ProgressEstimator.from_policy(tmp_path / "policy")
+    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
+    sizes, lines = [], []
+    real = spa.spa_loss
+    monkeypatch.setattr(spa, "spa_loss", lambda c, local, outcome: sizes.append(len(outcome)) or real(c, local, outcome))
+    cfg = SpaConfig(lr=1e-3, epochs=2, episodes_per_batch=5, batch_size=16)
+    opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
+    train_progress(est, opt, prompts, responses, turn_ep, ep_success.astype(np.float64), cfg, PAD, seed=0,
+                   progress=lines.append)
+    assert sizes == [4, 4, 4, 4, 4, 4]
+    assert lines[-1].startswith("estimator step 6/6: loss ")
+
+
 def test_spa_replay_travels_beside_the_estimator_in_both_workflows():
     import yaml
 

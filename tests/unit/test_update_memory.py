@@ -68,7 +68,7 @@ def test_micro_batches_and_checkpointing_train_the_same_weights(lora):
 
 
 def test_minibatches_are_near_equal_by_hand():
-    from pipeline.model.ppo import minibatches
+    from pipeline.data.batches import minibatches
 
     sizes = lambda n, size: [len(b) for b in minibatches(list(range(n)), size)]  # noqa: E731
     assert sizes(577, 64) == [58] * 7 + [57] * 3        # not nine of 64 and a last one of 1

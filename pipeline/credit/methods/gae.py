@@ -18,7 +18,6 @@ and `pipeline.model` are imported inside the functions that train or score (star
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +26,11 @@ from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, discounted_returns, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
+from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.data.section import LoraSettings, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
+from pipeline.progress import Ticker
 
 
 class GaeConfig(Section):
@@ -106,18 +107,18 @@ def explained_variance(values: np.ndarray, returns: np.ndarray) -> float:
 def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: np.ndarray, cfg, pad_id: int,
                  seed: int, progress: Log = None) -> dict[str, float]:
     """`cfg.epochs` shuffled passes over the turns in near-equal minibatches of at most `cfg.minibatch_size`
-    (`pipeline.model.ppo.minibatches`, as the policy update cuts them)."""
+    (`pipeline.data.batches.minibatches`, as the policy update cuts them)."""
     import torch  # start-up cost: torch
 
-    from pipeline.model.ppo import minibatches  # start-up cost: torch
     from pipeline.model.precision import Stepper  # start-up cost: torch
 
     n = len(prompts)
     gen = torch.Generator().manual_seed(seed)
     stepper = Stepper(critic.modules, optimizer, cfg.grad_clip)
     v_old_t, target_t = torch.as_tensor(v_old, dtype=torch.float32), torch.as_tensor(target, dtype=torch.float32)
-    steps_total = cfg.epochs * math.ceil(n / cfg.minibatch_size)
-    step, started, losses = 0, time.perf_counter(), []
+    steps_total = cfg.epochs * minibatch_count(n, cfg.minibatch_size)
+    ticker = Ticker(steps_total, every=10)
+    step, losses = 0, []
     critic.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
@@ -128,9 +129,8 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
             stepper.minimize(loss, f"GAE critic epoch {epoch}")
             losses.append(float(loss.detach()))
             step += 1
-            if progress is not None and (step % 10 == 0 or step == steps_total):
-                progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, "
-                         f"{step / (time.perf_counter() - started):.2f} steps/s")
+            if progress is not None and ticker.due(step):
+                progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, {ticker.rate(step):.2f} steps/s")
     critic.eval()
     return {"critic_steps": float(step)}
 

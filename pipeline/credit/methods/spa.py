@@ -17,7 +17,6 @@ and `pipeline.model` are imported inside the functions that train or score (star
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +27,12 @@ from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
+from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.data.section import LoraSettings, Mode, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
+from pipeline.progress import Ticker
 
 HEAD_FILE = "progress_head.pt"
 REPLAY_FILE = "replay.parquet"
@@ -92,7 +93,8 @@ def spa_loss(c, turn_episode, outcome):
 
 def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,
                    outcome: np.ndarray, cfg, pad_id: int, seed: int, progress: Log = None) -> dict[str, float]:
-    """`cfg.epochs` passes over the replay in shuffled batches of `cfg.episodes_per_batch` whole episodes."""
+    """`cfg.epochs` passes over the replay in shuffled near-equal batches of at most `cfg.episodes_per_batch` whole
+    episodes (`pipeline.data.batches.minibatches`, as the policy update cuts its turns)."""
     import torch  # start-up cost: torch
 
     from pipeline.model.precision import Stepper  # start-up cost: torch
@@ -104,15 +106,14 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
     gen = torch.Generator().manual_seed(seed)
     stepper = Stepper(est.modules, optimizer, cfg.grad_clip)
     epoch_losses = []
-    started = time.perf_counter()
-    steps_total = cfg.epochs * math.ceil(n_eps / cfg.episodes_per_batch)
+    steps_total = cfg.epochs * minibatch_count(n_eps, cfg.episodes_per_batch)
+    ticker = Ticker(steps_total, every=10)
     step = 0
     for epoch in range(cfg.epochs):
         order = torch.randperm(n_eps, generator=gen).tolist()
         batch_losses, weights = [], []
         est.train()
-        for b in range(0, n_eps, cfg.episodes_per_batch):
-            eps = order[b: b + cfg.episodes_per_batch]
+        for eps in minibatches(order, cfg.episodes_per_batch):
             rows = [t for e in eps for t in turns_of[e]]
             local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
             c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
@@ -122,9 +123,9 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             batch_losses.append(float(loss.detach()))
             weights.append(len(eps))
             step += 1
-            if progress is not None and (step % 10 == 0 or step == steps_total):
+            if progress is not None and ticker.due(step):
                 progress(f"estimator step {step}/{steps_total}: loss {batch_losses[-1]:.4f}, "
-                         f"{step / (time.perf_counter() - started):.2f} steps/s")
+                         f"{ticker.rate(step):.2f} steps/s")
         epoch_losses.append(float(np.average(batch_losses, weights=weights)) if batch_losses else float("nan"))
     est.eval()
     return {f"estimator_loss_epoch_{i}": v for i, v in enumerate(epoch_losses) if math.isfinite(v)}
