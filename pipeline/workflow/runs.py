@@ -24,7 +24,7 @@ from pipeline.workflow.registry import enabled_stages, named_inputs, params_fing
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
 
 
-def _jobs(params: Params, through: int):
+def ordered_jobs(params: Params, through: int):
     """(stage, iteration) of the jobs up to iteration `through`, in the order the workflow makes them."""
     for it in range(through + 1):
         for stage in enabled_stages(params):
@@ -67,10 +67,10 @@ def share_base(params: Params, log=print) -> list[str]:
     if (root / base.run.dir).resolve() == Path(params.run.dir).resolve():
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")
-    base_outs = {(s.name, it) for s, it in _jobs(base, params.run.base.through)}
+    base_outs = {(s.name, it) for s, it in ordered_jobs(base, params.run.base.through)}
     names, missing, files = [], [], 0
     made: set[str] = set()      # this run's paths the reused jobs provide
-    for stage, it in _jobs(params, params.run.base.through):
+    for stage, it in ordered_jobs(params, params.run.base.through):
         deps = _paths(stage, params, it, stage.deps_templates(params))
         external = set(named_inputs(stage, params))     # the same params name the same file (fingerprint)
         own_outs = _paths(stage, params, it, stage.outs_for(params))

@@ -64,7 +64,8 @@ def test_spa_estimator_batches_are_near_equal(tmp_path, monkeypatch):
     prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
     sizes, lines = [], []
     real = spa.spa_loss
-    monkeypatch.setattr(spa, "spa_loss", lambda c, local, outcome: sizes.append(len(outcome)) or real(c, local, outcome))
+    monkeypatch.setattr(spa, "spa_loss",
+                        lambda c, local, outcome: sizes.append(len(outcome)) or real(c, local, outcome))
     cfg = SpaConfig(lr=1e-3, epochs=2, episodes_per_batch=5, batch_size=16)
     opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
     train_progress(est, opt, prompts, responses, turn_ep, ep_success.astype(np.float64), cfg, PAD, seed=0,
