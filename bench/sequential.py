@@ -7,8 +7,9 @@
 
 Runs the same jobs in the same order Snakemake would on one core (iteration 0's init and evaluation, then each
 iteration's rollout, group, fit, advantages, update and evaluate, then the report), each the same command line
-(`python -m stages.<stage> --params ... --iteration i`, its log in `results/logs/`), skipping a job whose outputs
-all exist, as Snakemake does. Each job's wall seconds and peak RSS (the job's process tree, sampled every 0.2 s)
+(`python -m stages.<stage> --params ... --iteration i`, a sharded stage's shards and then its merge; its log in
+`results/logs/`), skipping a job whose outputs all exist (unlike Snakemake, it does not compare their times with
+their inputs'). Each job's wall seconds and peak RSS (the job's process tree, sampled every 0.2 s)
 go to a benchmark file in Snakemake's format (`results/benchmarks/<stage>_<i>.tsv`, so `bench.breakdown` reads
 the run as it reads a Snakemake one), with the GPU memory in use at its peak (NVML, where there is a GPU) as an
 extra column. `--stop-after S` starts no new iteration once S seconds have passed (the report is then skipped);
@@ -32,7 +33,7 @@ import psutil
 from pipeline.config.params import ParamsError, load_params
 from pipeline.data.paths import at, fill, strip_dir
 from pipeline.data.tables import write_text_atomic
-from pipeline.workflow.registry import enabled_stages, job_file, processes_for, resources_for
+from pipeline.workflow.registry import enabled_stages, job_file, processes_for, resources_for, shard_ids
 from pipeline.workflow.runs import ordered_jobs, share_base
 
 
@@ -87,13 +88,28 @@ class _Peak(threading.Thread):
         self.join()
 
 
-def _outputs(stage, params, it) -> list[str]:
+def plan(params, through: int | None = None) -> list[tuple]:
+    """(stage, iteration, shard) of every job through iteration `through` (default: the loop's last, then the
+    report), in Snakemake's order on one core: a sharded stage's shard jobs, then its merge."""
+    last = params.loop.iterations if through is None else min(through, params.loop.iterations)
+    jobs = [(stage, it, k) for stage, it in ordered_jobs(params, last) for k in (shard_ids(stage, params) or [None])]
+    if last == params.loop.iterations:
+        jobs += [(s, None, None) for s in enabled_stages(params) if s.name == "report"]
+    return jobs
+
+
+def job_name(stage, it, shard) -> str:
+    """As Snakemake's plan names it: `rollout@1`, `rollout_shard@1-0`, `init`."""
+    return stage.name + ("" if it is None else f"@{it}") + ("" if shard is None else f"-{shard}")
+
+
+def _outputs(stage, params, it, shard) -> list[str]:
     lag = params.loop.off_policy_lag
-    return [strip_dir(fill(o, it, lag=lag) if it is not None else o) for o in stage.outs_for(params)]
+    return [strip_dir(fill(o, it, shard, lag=lag) if it is not None else o) for o in stage.outs_for(params)]
 
 
-def _job_path(stage, params, kind: str, it) -> Path:
-    return Path(fill(job_file(stage, params, kind), it) if it is not None else job_file(stage, params, kind))
+def _job_path(stage, params, kind: str, it, shard) -> Path:
+    return Path(fill(job_file(stage, params, kind), it, shard) if it is not None else job_file(stage, params, kind))
 
 
 def run(params_file: str, stop_after: float | None = None, through: int | None = None, log=print) -> list[dict]:
@@ -101,28 +117,28 @@ def run(params_file: str, stop_after: float | None = None, through: int | None =
     share_base(params, log=log)
     gpu = _Gpu()
     start = time.monotonic()
-    last = params.loop.iterations if through is None else min(through, params.loop.iterations)
-    jobs = list(ordered_jobs(params, last))
-    report = [s for s in enabled_stages(params) if s.name == "report" and last == params.loop.iterations]
+    jobs = plan(params, through)
+    first = {}   # each iteration's first job: --stop-after is checked there
+    for stage, it, k in jobs:
+        first.setdefault(it, (stage, it, k))
     done: list[dict] = []
     stopped = None
-    for stage, it in jobs + [(s, None) for s in report]:
-        outs = _outputs(stage, params, it)
+    for stage, it, shard in jobs:
+        outs = _outputs(stage, params, it, shard)
         if all(Path(o).exists() for o in outs):
             continue
         elapsed = time.monotonic() - start
-        if stop_after is not None and (it or 0) >= 1 and stage == _first_of(jobs, it) and elapsed > stop_after:
+        if stop_after is not None and (it or 0) >= 1 and first[it] == (stage, it, shard) and elapsed > stop_after:
             stopped = it
             log(f"[sequential] {elapsed:.0f} s > --stop-after {stop_after:.0f}: iteration {it} not started")
             break
-        if stage.name == "report" and stopped is not None:
-            break
         threads = resources_for(stage, params)["threads"]
-        cmd = stage.command(sys.executable, params_file, None if it is None else str(it), None,
-                            processes_for(stage, params))
-        log_file, bench_file = _job_path(stage, params, "logs", it), _job_path(stage, params, "benchmarks", it)
+        cmd = stage.command(sys.executable, params_file, None if it is None else str(it),
+                            None if shard is None else str(shard), processes_for(stage, params))
+        log_file = _job_path(stage, params, "logs", it, shard)
+        bench_file = _job_path(stage, params, "benchmarks", it, shard)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        name = stage.name + ("" if it is None else f"@{it}")
+        name = job_name(stage, it, shard)
         log(f"[sequential] {name}: {cmd}")
         t0 = time.monotonic()
         with open(log_file, "w") as out:
@@ -154,10 +170,6 @@ def run(params_file: str, stop_after: float | None = None, through: int | None =
                                            "wall_s": round(time.monotonic() - start, 1),
                                            "stopped_before_iteration": stopped}, indent=1))
     return done
-
-
-def _first_of(jobs, it):
-    return next(s for s, i in jobs if i == it)
 
 
 def main(argv: list[str] | None = None) -> int:

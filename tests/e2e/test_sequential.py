@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from bench import breakdown
-from tests.conftest import ROOT, planned_jobs
+from bench.sequential import job_name, plan
+from pipeline.config.params import load_params
+from tests.conftest import ROOT, planned_jobs, workflow_files
 
 pytestmark = pytest.mark.e2e
 
@@ -66,3 +68,16 @@ def test_a_failing_job_stops_the_run_with_its_log(tmp_path):
     assert "evaluate@0 failed (exit 1)" in r.stdout
     done = json.loads((tmp_path / "results/benchmarks/sequential.json").read_text())
     assert [(j["job"], j["rc"]) for j in done["jobs"]] == [("evaluate@0", 1)]
+
+
+def test_plans_the_jobs_snakemake_plans_with_shards(tmp_path):
+    """Sharded rollouts and evaluations: one job per shard, then the merge, as Snakemake's dry run lists them."""
+    workflow_files(tmp_path)
+    params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text()) | {"tracking": {"enabled": False}}
+    params["rollout"] |= {"shards": 2, "batch_size": 6, "tasks_per_iteration": 4}
+    params["evaluate"] |= {"shards": 2}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    jobs = [job_name(*j) for j in plan(load_params(tmp_path / "params.yaml"))]
+    assert jobs[:4] == ["init", "evaluate_shard@0-0", "evaluate_shard@0-1", "evaluate@0"]
+    assert jobs[4:7] == ["rollout_shard@1-0", "rollout_shard@1-1", "rollout@1"]
+    assert set(jobs) == planned_jobs(tmp_path) and len(jobs) == len(set(jobs))
