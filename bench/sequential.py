@@ -31,10 +31,10 @@ from pathlib import Path
 import psutil
 
 from pipeline.config.params import ParamsError, load_params
-from pipeline.data.paths import at, fill, strip_dir
+from pipeline.data.paths import at
 from pipeline.data.tables import write_text_atomic
 from pipeline.workflow.registry import enabled_stages, job_file, processes_for, resources_for, shard_ids
-from pipeline.workflow.runs import ordered_jobs, share_base
+from pipeline.workflow.runs import job_paths, ordered_jobs, share_base
 
 
 class _Gpu:
@@ -103,15 +103,6 @@ def job_name(stage, it, shard) -> str:
     return stage.name + ("" if it is None else f"@{it}") + ("" if shard is None else f"-{shard}")
 
 
-def _outputs(stage, params, it, shard) -> list[str]:
-    lag = params.loop.off_policy_lag
-    return [strip_dir(fill(o, it, shard, lag=lag) if it is not None else o) for o in stage.outs_for(params)]
-
-
-def _job_path(stage, params, kind: str, it, shard) -> Path:
-    return Path(fill(job_file(stage, params, kind), it, shard) if it is not None else job_file(stage, params, kind))
-
-
 def run(params_file: str, stop_after: float | None = None, through: int | None = None, log=print) -> list[dict]:
     params = load_params(params_file)
     share_base(params, log=log)
@@ -124,7 +115,7 @@ def run(params_file: str, stop_after: float | None = None, through: int | None =
     done: list[dict] = []
     stopped = None
     for stage, it, shard in jobs:
-        outs = _outputs(stage, params, it, shard)
+        outs = job_paths(stage, params, it, stage.outs_for(params), shard)
         if all(Path(o).exists() for o in outs):
             continue
         elapsed = time.monotonic() - start
@@ -135,8 +126,8 @@ def run(params_file: str, stop_after: float | None = None, through: int | None =
         threads = resources_for(stage, params)["threads"]
         cmd = stage.command(sys.executable, params_file, None if it is None else str(it),
                             None if shard is None else str(shard), processes_for(stage, params))
-        log_file = _job_path(stage, params, "logs", it, shard)
-        bench_file = _job_path(stage, params, "benchmarks", it, shard)
+        log_file, bench_file = (Path(f) for f in job_paths(
+            stage, params, it, [job_file(stage, params, "logs"), job_file(stage, params, "benchmarks")], shard))
         log_file.parent.mkdir(parents=True, exist_ok=True)
         name = job_name(stage, it, shard)
         log(f"[sequential] {name}: {cmd}")

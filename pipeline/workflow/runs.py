@@ -37,14 +37,15 @@ def ordered_jobs(params: Params, through: int):
                 yield stage, it
 
 
-def _paths(stage, params: Params, it: int | None, templates: list[str]) -> list[str]:
+def job_paths(stage, params: Params, it: int | None, templates: list[str], shard: int | None = None) -> list[str]:
+    """The job's paths from `templates` (iteration, shard and the rollout's source checkpoint filled in)."""
     lag = params.loop.off_policy_lag
-    return [strip_dir(fill(t, it, lag=lag) if it is not None else t) for t in templates]
+    return [strip_dir(fill(t, it, shard, lag=lag) if it is not None else t) for t in templates]
 
 
 def _inputs(stage, params: Params, it: int | None) -> list[str]:
     """The job's inputs relative to its run's folder (which checkpoint a rollout reads depends on the lag)."""
-    return _paths(stage, params, it, [d for d in resolve(stage.deps, params) if d.startswith("results/")])
+    return job_paths(stage, params, it, [d for d in resolve(stage.deps, params) if d.startswith("results/")])
 
 
 def _link(src: Path, dst: Path) -> int:
@@ -71,16 +72,16 @@ def share_base(params: Params, log=print) -> list[str]:
     names, missing, files = [], [], 0
     made: set[str] = set()      # this run's paths the reused jobs provide
     for stage, it in ordered_jobs(params, params.run.base.through):
-        deps = _paths(stage, params, it, stage.deps_templates(params))
+        deps = job_paths(stage, params, it, stage.deps_templates(params))
         external = set(named_inputs(stage, params))     # the same params name the same file (fingerprint)
-        own_outs = _paths(stage, params, it, stage.outs_for(params))
+        own_outs = job_paths(stage, params, it, stage.outs_for(params))
         name = f"{stage.name}@{it}" if it is not None else stage.name
         # the same inputs too: one step off-policy, rollout i reads another checkpoint than the base's did
         if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
                 or _inputs(stage, params, it) != _inputs(stage, base, it)
                 or any(d not in made for d in deps if d not in external)):
             continue
-        base_paths = [root / x for x in _paths(stage, base, it, stage.outs_for(base))]
+        base_paths = [root / x for x in job_paths(stage, base, it, stage.outs_for(base))]
         if not all(p.exists() for p in base_paths):
             missing.append(name)
             continue
