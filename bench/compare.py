@@ -14,6 +14,8 @@ page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
 - per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
   term for separating good from bad turns, docs/credit-assignment.md, Oracle credit) and the share of turns with a step
   signal, where the environment has an oracle;
+- the held-out tasks each method solves more and less often than at iteration 0 (compare_difficulty.csv: by the
+  oracle's solution length);
 - the step-group size distribution (share of turns by the size of their anchor group);
 - histograms of the episode term and the step term of the advantages;
 - the time each stage took (Snakemake's benchmark files).
@@ -40,8 +42,9 @@ from bench.breakdown import collect
 from bench.learning import plot, summarise
 from pipeline.config.params import load_params
 from pipeline.credit.oracle import run_credit
+from pipeline.data.difficulty import success_by_difficulty
 from pipeline.data.figures import figure_base64, pyplot
-from pipeline.data.tables import ADVANTAGES, GROUPS, read_table, write_text_atomic
+from pipeline.data.tables import ADVANTAGES, EVAL_EPISODES, GROUPS, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
 from pipeline.workflow.registry import param_value
 
@@ -117,6 +120,42 @@ def terms(runs: list[Run]) -> pl.DataFrame:
                 pl.lit(r.method).alias("method"), pl.lit(r.label).alias("run"),
                 pl.lit(int(d.name.split("_")[1])).alias("iteration")))
     return pl.concat(frames)
+
+
+def difficulty(runs: list[Run]) -> pl.DataFrame:
+    """Held-out success by the oracle's solution length per run and iteration, with the tasks solved more or less
+    often than at iteration 0 (`pipeline.data.difficulty`)."""
+    return pl.concat([success_by_difficulty(pl.concat(
+        [read_table(r.results / f"iter_{it}" / "eval.parquet", EVAL_EPISODES) for it in r.iterations()])).with_columns(
+        pl.lit(r.method).alias("method"), pl.lit(r.seed).alias("seed"), pl.lit(r.label).alias("run"))
+        for r in runs])
+
+
+def plot_gained_lost(d: pl.DataFrame, colors) -> str:
+    """Per iteration after the first, each method's held-out tasks solved more often (up) and less often (down)
+    than at iteration 0, mean over seeds."""
+    plt = pyplot()
+
+    per = (d.filter(pl.col("iteration") > d["iteration"].min())
+           .group_by("method", "run", "iteration").agg(pl.col("tasks_up").sum(), pl.col("tasks_down").sum())
+           .group_by("method", "iteration").agg(pl.col("tasks_up").mean(), pl.col("tasks_down").mean()))
+    its = sorted(set(per["iteration"].to_list()))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.7 * len(its)), 3.6), dpi=110)
+    width = 0.8 / len(colors)
+    for i, (m, c) in enumerate(colors.items()):
+        rows = {r["iteration"]: r for r in per.filter(pl.col("method") == m).iter_rows(named=True)}
+        xs = [k + (i - (len(colors) - 1) / 2) * width for k in range(len(its))]
+        ax.bar(xs, [rows[t]["tasks_up"] if t in rows else 0.0 for t in its], width, color=c, label=m)
+        ax.bar(xs, [-rows[t]["tasks_down"] if t in rows else 0.0 for t in its], width, color=c, alpha=0.45)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(its)), [str(t) for t in its])
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out tasks")
+    ax.set_title("Tasks solved more (solid) and less often (pale) than at iteration 0", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return figure_base64(fig)
 
 
 def times(runs: list[Run]) -> pl.DataFrame:
@@ -313,10 +352,15 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
     cr = credit(runs)
     t = terms(runs)
     tm = times(runs)
+    dif = difficulty(runs)
     summary, vs = summarise(cv, cr)
     colors = _colors(list(dict.fromkeys(r.method for r in runs)))
     figures = [("Held-out success", "Left: mean ± std over seeds per method. Right (with GRPO among the runs): each "
                 "method's success minus GRPO's on the same seed.", plot_curves(cv))]
+    if dif["iteration"].n_unique() > 1:
+        figures.append(("Tasks gained and lost", "Per iteration, the held-out tasks each method solves more often "
+                        "and less often than at iteration 0 (a change in the mean can hide both); by the oracle's "
+                        "solution length in compare_difficulty.csv.", plot_gained_lost(dif, colors)))
     if cr is not None:
         figures.append(("Credit quality against the oracle", "Per iteration, mean ± std over seeds: how well each "
                         "run's advantages (left) and step terms (middle) separate the turns that brought the goal "
@@ -335,6 +379,7 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
     if cr is not None:
         write_text_atomic(out / "compare_credit.csv", cr.write_csv())
     write_text_atomic(out / "compare_times.csv", tm.write_csv())
+    write_text_atomic(out / "compare_difficulty.csv", dif.write_csv())
     report = out / "report.html"
     write_text_atomic(report, page(runs, summary, vs, figures))
     return report, summary, runs

@@ -1,4 +1,6 @@
-"""Stage `report`: the success-rate curve over iterations, as CSV and PNG, logged to the parent MLflow run.
+"""Stage `report`: the success-rate curve over iterations, as CSV and PNG, logged to the parent MLflow run, and
+held-out success by the oracle's solution length with the tasks each iteration gained and lost against iteration 0
+(where a method's gain or loss comes from: the short tasks or the long ones).
 
 It is the last stage of an invocation, so it also marks the parent run finished.
 """
@@ -11,8 +13,9 @@ import polars as pl
 
 from pipeline.credit.oracle import run_credit
 from pipeline.data import paths
+from pipeline.data.difficulty import plot_difficulty, success_by_difficulty
 from pipeline.data.figures import pyplot, save_figure
-from pipeline.data.tables import write_text_atomic
+from pipeline.data.tables import EVAL_EPISODES, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.registry import iterations
@@ -50,6 +53,11 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
     save_figure(fig, path)
 
 
+def load_episodes(p) -> pl.DataFrame:
+    """Every iteration's held-out episode table, in one (a missing or malformed one: `read_table`'s error)."""
+    return pl.concat([read_table(paths.fill(paths.at(p, paths.EVAL), it), EVAL_EPISODES) for it in iterations(p)])
+
+
 def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:
     """The run in a few numbers (`results/report/metrics.json`, DVC's metrics): held-out success at the last
     iteration, its best, its mean over iterations and its gain over iteration 0; with `report.credit_oracle` and an
@@ -80,12 +88,17 @@ def main(argv=None) -> None:
         write_text_atomic(csv_path, curve.write_csv())
         first, last = curve["success_rate"][0], curve["success_rate"][-1]
         plot_curve(curve, png_path, f"{p.env.name}, {p.credit.method}: {first:.2f} -> {last:.2f}")
+        by_len = success_by_difficulty(load_episodes(p))
+        dcsv, dpng = (ctx.path(x) for x in paths.REPORT_DIFFICULTY)
+        write_text_atomic(dcsv, by_len.write_csv())
+        plot_difficulty(by_len, dpng, f"{p.env.name}, {p.credit.method}: held-out success by solution length")
         metrics = run_metrics(p, curve, ctx.path(paths.ITER_DIR, 0).parent)
         write_text_atomic(ctx.path(paths.REPORT_METRICS), json.dumps(metrics, indent=2) + "\n")
         tracker.log_metrics({"report/success_first": first, "report/success_last": last}
                             | {f"report/{k}": v for k, v in metrics.items() if v is not None})
         tracker.log_artifact(csv_path, parent=True)
         tracker.log_artifact(png_path, parent=True)
+        tracker.log_artifact(dpng, parent=True)
         tracker.finish("FINISHED", end_parent=True)
         ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(paths.REPORT_METRICS)}: success {first:.3f} at "
                 f"iteration 0, {last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()

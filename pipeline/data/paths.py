@@ -26,6 +26,9 @@ EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
 REPORT_DIR = "results/report"
 REPORT = (REPORT_DIR + "/success_curve.csv", REPORT_DIR + "/success_curve.png")
+# held-out success by the oracle's solution length, and the tasks each iteration solves more or less often than
+# iteration 0 (environments without an oracle: one bucket)
+REPORT_DIFFICULTY = (REPORT_DIR + "/success_by_difficulty.csv", REPORT_DIR + "/success_by_difficulty.png")
 REPORT_METRICS = REPORT_DIR + "/metrics.json"   # the run's final success and credit quality (DVC metrics)
 
 

@@ -35,6 +35,7 @@ from pipeline.data.paths import (
     PREV_ITER_DIR,
     PREV_REWARD_MODEL,
     REPORT,
+    REPORT_DIFFICULTY,
     REPORT_METRICS,
     REWARD_MODEL,
     ROLLOUT_CHECKPOINT,
@@ -221,8 +222,9 @@ STAGES: tuple[Stage, ...] = (
                   "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),
           loads_model=True, shards=lambda p: p.evaluate.shards),
     # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
-    Stage("report", None, deps=(), outs=(REPORT[1],), params=("report", When("env", credit_oracle)),
-          deps_all=(EVAL_METRICS,), metrics=(REPORT_METRICS,), plots=(REPORT[0],), mem_mb=2000, runtime=30,
+    Stage("report", None, deps=(), outs=(REPORT[1], *REPORT_DIFFICULTY),
+          params=("report", When("env", credit_oracle)), deps_all=(EVAL_METRICS, EVAL), metrics=(REPORT_METRICS,),
+          plots=(REPORT[0],), mem_mb=2000, runtime=30,
           deps_trained=(*(When(t, credit_oracle) for t in (STEPS, GROUPS, ADVANTAGES)),
                         When(STEP_REWARDS, lambda p: credit_oracle(p) and needs_fit(p)))),
 )
@@ -415,5 +417,5 @@ def code_inputs(stage: Stage) -> list[str]:
 
 
 def final_targets(params: Params) -> list[str]:
-    return ([at(params, r) for r in (*REPORT, REPORT_METRICS)]
+    return ([at(params, r) for r in (*REPORT, *REPORT_DIFFICULTY, REPORT_METRICS)]
             + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)])

@@ -1,6 +1,7 @@
 """The comparison report (`python -m bench.compare`): one self-contained page over finished runs, its tables, its
 MLflow runs, and every plot rendered in a real browser (headless Chromium)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -46,6 +47,17 @@ def test_the_report_summarises_each_method_from_its_own_files(report):
     # GRPO has no step term; GiGPO's anchor groups give most turns one
     assert credit.filter(pl.col("method") == "grpo")["share_nonzero_step_signal"].max() == 0.0
     assert sorted(credit["iteration"].unique().to_list()) == [1, 2]
+    # held-out success by solution length: its buckets add up to each evaluation's own metrics file
+    dif = pl.read_csv(out / "compare_difficulty.csv")
+    for run in runs:
+        name = compare.Run(run).method
+        for it in (0, 1, 2):
+            m = json.loads((run / f"results/iter_{it}/eval_metrics.json").read_text())
+            rows = dif.filter((pl.col("method") == name) & (pl.col("iteration") == it))
+            assert rows["episodes"].sum() == m["episodes"]
+            assert rows["successes"].sum() == round(m["success_rate"] * m["episodes"])
+            if it == 0:
+                assert rows["tasks_up"].sum() == rows["tasks_down"].sum() == 0
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="scripts/install-chromium installs Debian's chromium (CI does)")
@@ -57,8 +69,9 @@ def test_every_plot_of_the_page_renders_in_chromium(report, tmp_path):
     plots = re.search(r'data-plots="(\d+)"', dom)
     rendered = re.search(r'data-plots-rendered="(\d+)"', dom)
     assert plots and rendered, "the page's load handler did not run"
-    assert int(plots.group(1)) == 5 == int(rendered.group(1))   # success, credit, groups, terms, time
-    for title in ("Held-out success", "Credit quality against the oracle", "Step groups", "Advantage terms", "Time"):
+    assert int(plots.group(1)) == 6 == int(rendered.group(1))   # success, gained/lost, credit, groups, terms, time
+    for title in ("Held-out success", "Tasks gained and lost", "Credit quality against the oracle", "Step groups",
+                  "Advantage terms", "Time"):
         assert f"<h2>{title}</h2>" in dom
 
 

@@ -44,6 +44,15 @@ def test_tables_match_their_schemas(run_dir):
     curve = pl.read_csv(run_dir / "results/report/success_curve.csv")
     assert curve["iteration"].to_list() == [0, 1, 2]
     assert (run_dir / "results/report/success_curve.png").read_bytes()[:4] == b"\x89PNG"
+    # by solution length: the held-out rooms' buckets hold each evaluation's 8 episodes, and iteration 0 is the start
+    dif = pl.read_csv(run_dir / "results/report/success_by_difficulty.csv")
+    for it in (0, 1, 2):
+        ev = tables.read_table(run_dir / f"results/iter_{it}/eval.parquet", tables.EVAL_EPISODES)
+        rows = dif.filter(pl.col("iteration") == it)
+        assert rows["episodes"].sum() == 8 and rows["successes"].sum() == ev["success"].sum()
+        assert {str(d) for d in rows["difficulty"]} == {str(m) for m in ev["optimal_moves"].unique().to_list()}
+    assert dif.filter(pl.col("iteration") == 0)[["tasks_up", "tasks_down"]].sum().row(0) == (0, 0)
+    assert (run_dir / "results/report/success_by_difficulty.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_checkpoints_load_through_auto_classes(run_dir):
@@ -79,8 +88,8 @@ def test_mlflow_has_one_parent_and_a_child_per_stage_and_iteration(run_dir):
     history = client.get_metric_history(parent.info.run_id, "eval/success_rate")
     assert sorted(m.step for m in history) == [0, 1, 2]
     assert parent.data.params["rollout.group_size"] == "3"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"success_curve.csv",
-                                                                          "success_curve.png"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"success_curve.csv", "success_curve.png",
+                                                                          "success_by_difficulty.png"}
 
 
 def test_rerun_has_nothing_to_do(run_dir):

@@ -26,12 +26,13 @@ def test_generated_stages_cover_registry_and_iterations():
     # code, every iteration's evaluation, and (report.credit_oracle) the tables of the RL iterations it scores
     code = code_for(STAGE_BY_NAME["report"])
     assert doc["report"]["deps"][:len(code)] == code
-    assert len(doc["report"]["deps"]) == len(code) + p.loop.iterations + 1 + 3 * p.loop.iterations
+    # every iteration's eval_metrics.json and eval.parquet, and with the oracle the RL iterations' three tables
+    assert len(doc["report"]["deps"]) == len(code) + 2 * (p.loop.iterations + 1) + 3 * p.loop.iterations
     assert doc["report"]["metrics"] == [{"results/report/metrics.json": {"cache": False}}]
     assert doc["report"]["plots"] == [{"results/report/success_curve.csv": {"cache": False, "x": "iteration",
                                                                             "y": "success_rate"}}]
     off = p.model_copy(update={"report": p.report.model_copy(update={"credit_oracle": False})})
-    assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == len(code) + p.loop.iterations + 1
+    assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == len(code) + 2 * (p.loop.iterations + 1)
 
 
 def test_code_dependencies_are_what_each_stage_imports():
