@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.data.section import EnvSection
 from pipeline.envs.actions import parse_action
@@ -172,12 +172,13 @@ class Solver:
 
 
 def generate_room(seed: int, dim: int = 6, num_boxes: int = 1, min_solution_moves: int = 1,
-                  max_tries: int = 1000) -> tuple[Room, State]:
+                  max_solution_moves: int | None = None, max_tries: int = 1000) -> tuple[Room, State]:
     """A solvable room, the same for the same arguments.
 
     Floor is carved by a random walk over the interior (as gym-sokoban does), then targets, boxes and the player
     are placed on floor cells at random; a placement is kept when no box starts on a target and the optimal
-    solution takes at least `min_solution_moves` moves.
+    solution takes at least `min_solution_moves` moves and at most `max_solution_moves` (None: no bound). The
+    bounds only skip placements: where the unbounded room of a seed is within them, it is the room they give.
     """
     rng = np.random.default_rng(seed)
     interior = dim - 2
@@ -203,9 +204,10 @@ def generate_room(seed: int, dim: int = 6, num_boxes: int = 1, min_solution_move
         room = Room(walls=walls, targets=targets, dim=dim)
         start: State = (player, boxes)
         d = Solver(room, start).distance(start)
-        if d != math.inf and d >= min_solution_moves:
+        if d != math.inf and d >= min_solution_moves and (max_solution_moves is None or d <= max_solution_moves):
             return room, start
-    raise RuntimeError(f"no solvable Sokoban room found for seed {seed} after {max_tries} tries")
+    bounds = f"{min_solution_moves}-{max_solution_moves if max_solution_moves is not None else 'any'} moves"
+    raise RuntimeError(f"no solvable Sokoban room of {bounds} found for seed {seed} after {max_tries} tries")
 
 
 def parse_grid(text: str, border: bool = False) -> tuple[Room, State]:
@@ -243,6 +245,16 @@ class SokobanConfig(EnvSection):
     num_boxes: int = Field(1, ge=1, le=3, description="boxes (and targets) per room")
     max_turns: int = Field(15, ge=1, le=200, description="turns before an episode is truncated")
     min_solution_moves: int = Field(2, ge=1, description="rooms whose optimal solution is shorter are skipped")
+    max_solution_moves: int | None = Field(None, ge=1, description="rooms whose optimal solution is longer are "
+                                           "skipped (null: no bound); with min_solution_moves, the task mix's "
+                                           "difficulty, for training and held-out rooms alike")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self):
+        if self.max_solution_moves is not None and self.max_solution_moves < self.min_solution_moves:
+            raise ValueError(f"max_solution_moves {self.max_solution_moves} is below min_solution_moves "
+                             f"{self.min_solution_moves}; expected max >= min (or null)")
+        return self
 
 
 class SokobanEnv:
@@ -250,11 +262,13 @@ class SokobanEnv:
     name = "sokoban"
     actions = ACTIONS
 
-    def __init__(self, dim_room: int = 6, num_boxes: int = 1, max_turns: int = 15, min_solution_moves: int = 1):
+    def __init__(self, dim_room: int = 6, num_boxes: int = 1, max_turns: int = 15, min_solution_moves: int = 1,
+                 max_solution_moves: int | None = None):
         self.dim_room = dim_room
         self.num_boxes = num_boxes
         self.max_turns = max_turns
         self.min_solution_moves = min_solution_moves
+        self.max_solution_moves = max_solution_moves
         self.room: Room | None = None
         self.state: State | None = None
         self.turn = 0
@@ -264,7 +278,8 @@ class SokobanEnv:
         return "Sokoban. Push every box $ onto a target . (# wall, _ floor, @ you, * box on target, + you on target)"
 
     def reset(self, task: int) -> Observation:
-        self.room, self.state = generate_room(task, self.dim_room, self.num_boxes, self.min_solution_moves)
+        self.room, self.state = generate_room(task, self.dim_room, self.num_boxes, self.min_solution_moves,
+                                              self.max_solution_moves)
         self.turn = 0
         self._solver = None
         text, anchor = self._observe()
@@ -315,7 +330,7 @@ class SokobanEnv:
 
 def _make(cfg: SokobanConfig, cache_dir=None) -> SokobanEnv:
     return SokobanEnv(dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, max_turns=cfg.max_turns,
-                      min_solution_moves=cfg.min_solution_moves)
+                      min_solution_moves=cfg.min_solution_moves, max_solution_moves=cfg.max_solution_moves)
 
 
 # Every grid symbol and newline is its own token, so that a state is a sequence of cells the model can read

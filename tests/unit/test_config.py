@@ -51,6 +51,8 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     ({"update": {"clip_ratio": 1.5}}, "key 'update.clip_ratio'"),
     ({"policy": {"tiny": {"hidden_size": 30, "num_attention_heads": 4}}}, "must be divisible"),
     ({"env": {"name": "chess"}}, "key 'env.name'"),
+    ({"env": {"name": "sokoban", "min_solution_moves": 4, "max_solution_moves": 3}},
+     "max_solution_moves 3 is below min_solution_moves 4"),
     ({"warmstart": {"random_action_share": 1.2}}, "key 'warmstart.random_action_share'"),
     ({"runtime": {"device": "gpu"}}, "key 'runtime.device'"),
     ({"credit": {"gigpo": {"episode_stats": "per_turn"}}},

@@ -84,6 +84,24 @@ def test_generation_is_deterministic_and_solvable():
     assert generate_room(1)[0] != generate_room(2)[0] or generate_room(1)[1] != generate_room(2)[1]
 
 
+def test_solution_length_bounds_keep_the_rooms_within_them_unchanged():
+    """max_solution_moves only skips placements: each room takes 2-4 moves, and a seed whose unbounded room already
+    does keeps that room."""
+    kept = 0
+    for seed in range(30):
+        room, start = generate_room(seed, min_solution_moves=2, max_solution_moves=4)
+        assert 2 <= Solver(room, start).distance(start) <= 4
+        free, free_start = generate_room(seed, min_solution_moves=2)
+        if Solver(free, free_start).distance(free_start) <= 4:
+            assert (room, start) == (free, free_start)
+            kept += 1
+    assert 0 < kept < 30      # some seeds' unbounded rooms are longer, and those seeds got another room
+    env = SokobanEnv(max_turns=10, min_solution_moves=5, max_solution_moves=5)
+    for task in range(5):
+        env.reset(task)
+        assert env.oracle_distance() == 5
+
+
 def test_render_round_trips_and_anchor_is_the_grid():
     env = SokobanEnv()
     first = env.reset(5)
