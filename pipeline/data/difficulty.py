@@ -55,13 +55,12 @@ def plot_difficulty(table: pl.DataFrame, path, title: str) -> None:
     """A heatmap of success (difficulty x iteration, each cell "successes/episodes") over bars of the tasks solved
     more and less often than at the first iteration."""
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
     its = sorted(set(table["iteration"].to_list()))
     rows = list(dict.fromkeys(table.filter(pl.col("iteration") == its[0])["difficulty"].to_list()))
     grid = np.full((len(rows), len(its)), np.nan)
-    from matplotlib.ticker import MaxNLocator
-
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(max(5.0, 1.6 + 0.62 * len(its)), 2.0 + 0.3 * len(rows) + 1.8),
                                  dpi=120, gridspec_kw={"height_ratios": [max(len(rows), 2), 5]})
     for r in table.iter_rows(named=True):
