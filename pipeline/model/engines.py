@@ -94,6 +94,9 @@ class VLLMSampler:
             folder = self._tmp
         if device.type == "cpu":   # the stage's thread budget (OMP_NUM_THREADS), placed by the OS
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # vLLM declares its worker dead after one model step of 300 s; on a CPU shared with other stages a step
+            # took longer (measured: 2 cores, two runs beside the test suite) and the rollout failed
+            os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
         self.per_request_seed = device.type == "cuda"
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
         self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
