@@ -5,6 +5,7 @@ the README. Also the oracle labels and ROC-AUC the credit-quality benchmark scor
 (docs/credit-assignment.md, Oracle credit), on hand-made cases.
 """
 
+import json
 import math
 
 import numpy as np
@@ -213,3 +214,34 @@ def test_score_advantages_on_valid_turns_by_hand():
     # a learned model's own score is judged on every judged turn, the invalid one included (good vs bad as above)
     assert score_advantages(adv.with_columns(pl.col("advantage").alias("score")), "turn")["auc_score"] \
         == pytest.approx(5 / 6)
+
+
+def test_update_fit_summary_by_hand():
+    from bench import update_fit
+
+    turns = pl.DataFrame({"advantage": [1.0, -1.0, 2.0, 0.0], "dlogp": [0.5, 0.1, -0.2, 0.3],
+                          "action": ["up", "up", "down", "down"]})
+    s = update_fit.summary(turns)
+    assert (s["positive"], s["negative"], s["zero"]) == (2, 1, 1)
+    assert s["dlogp_mean_positive"] == pytest.approx(0.15)        # (0.5 - 0.2) / 2
+    assert s["dlogp_mean_negative"] == pytest.approx(0.1) and s["dlogp_mean_zero"] == pytest.approx(0.3)
+    assert s["sign_agreement"] == pytest.approx(1 / 3)             # only the first turn moved with its sign
+    assert s["spearman"] == pytest.approx(-0.5)                    # ranks (2,1,3) against (3,2,1): 1 - 6*6/24
+    assert s["by_action"] == [{"action": "down", "turns": 2, "advantage_sum": 2.0, "dlogp_mean": pytest.approx(0.05)},
+                              {"action": "up", "turns": 2, "advantage_sum": 0.0, "dlogp_mean": pytest.approx(0.3)}]
+
+
+@pytest.mark.e2e
+def test_update_fit_smoke(grpo_run, tmp_path, capsys):
+    from bench import update_fit
+    from pipeline.data import tables
+
+    update_fit.main(["--run", str(grpo_run), "--iteration", "1", "--out", str(tmp_path)])
+    steps = tables.read_table(grpo_run / "results/iter_1/steps.parquet", tables.STEPS)
+    rows = pl.read_parquet(tmp_path / "update_fit_1.parquet")
+    assert rows.height == steps.filter(pl.col("response_ids").list.len() > 0).height
+    s = json.loads((tmp_path / "update_fit_1.json").read_text())
+    assert s["positive"] + s["negative"] + s["zero"] == rows.height == sum(a["turns"] for a in s["by_action"])
+    assert f"iteration 1: {rows.height} turns" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="iter_9"):
+        update_fit.run(grpo_run, 9, tmp_path)
