@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, required=True, help="the run's folder (run.dir, or the one holding results/)")
     ap.add_argument("--iteration", type=int, required=True, help="the update to measure (1..N)")
-    ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--batch-size", type=int, default=16)
     a = ap.parse_args(argv)
     if a.iteration < 1:
