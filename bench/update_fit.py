@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.data import paths
-from pipeline.data.tables import ADVANTAGES, STEPS, read_table, write_text_atomic
+from pipeline.data.tables import ADVANTAGES, STEPS, atomic_file, check_same_turns, read_table, write_text_atomic
 from pipeline.model.policy import load_policy
 from pipeline.model.ppo import sequence_logprobs
 
@@ -58,24 +58,23 @@ def summary(turns: pl.DataFrame) -> dict:
 
 def run(run_dir: Path, it: int, out: Path, batch_size: int = 16) -> dict:
     results = run_dir / "results" if (run_dir / "results").is_dir() else run_dir
-    where = {k: results / v.format(it=it, prev=it - 1).removeprefix("results/")
+    where = {k: results / paths.fill(v, it).removeprefix(paths.RESULTS + "/")
              for k, v in (("steps", paths.STEPS), ("advantages", paths.ADVANTAGES), ("old", paths.PREV_CHECKPOINT),
                           ("new", paths.CHECKPOINT))}
     for k, p in where.items():
         if not p.exists():
             raise FileNotFoundError(f"{p}: missing ({k}); run iteration {it}'s update first")
-    turns = (read_table(where["steps"], STEPS)
-             .join(read_table(where["advantages"], ADVANTAGES), on=["episode_id", "step"])
+    steps, adv = read_table(where["steps"], STEPS), read_table(where["advantages"], ADVANTAGES)
+    check_same_turns(steps, where["steps"], adv, where["advantages"], "advantages")   # as the update does
+    turns = (steps.join(adv, on=["episode_id", "step"])
              .filter(pl.col("response_ids").list.len() > 0).sort("episode_id", "step"))
     old = turn_logprobs(where["old"], turns, batch_size)
     new = turn_logprobs(where["new"], turns, batch_size)
     turns = turns.with_columns(pl.Series("dlogp", [b - a for a, b in zip(old, new, strict=True)]))
     result = {"iteration": it, **summary(turns)}
     out.mkdir(parents=True, exist_ok=True)
-    rows = turns.select("episode_id", "step", "action", "advantage", "dlogp")
-    tmp = out / f".update_fit_{it}.parquet.tmp"
-    rows.write_parquet(tmp)
-    tmp.replace(out / f"update_fit_{it}.parquet")
+    with atomic_file(out / f"update_fit_{it}.parquet") as tmp:
+        turns.select("episode_id", "step", "action", "advantage", "dlogp").write_parquet(tmp)
     write_text_atomic(out / f"update_fit_{it}.json", json.dumps(result, indent=2) + "\n")
     return result
 
