@@ -42,6 +42,7 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot(curve["iteration"], curve["success_rate"], marker="o", color="#1f77b4", label="success rate")
     ax.set_xlabel("iteration")
+    ax.xaxis.get_major_locator().set_params(integer=True)   # whole iterations, not ticks at 0.5
     ax.set_ylabel("held-out success rate")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun", "sinfo", "scontrol")
 
 
-def test_slurm_profile_runs_the_sharded_rollout(grpo_run, tmp_path):
+def test_slurm_profile_runs_the_sharded_rollout(tmp_path):
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="the cluster extra: pip install -e '.[cluster]'")
     work = tmp_path / "work"
     work.mkdir()
@@ -30,8 +30,11 @@ def test_slurm_profile_runs_the_sharded_rollout(grpo_run, tmp_path):
     params["tracking"] = {"enabled": False}
     params["runtime"] = {"resources": {"rollout": {"mem_mb": 3000, "runtime": 17, "threads": 2}}}
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    # the initial policy of the shared tiny run (the same init params), dates kept: Snakemake takes it as made
-    shutil.copytree(grpo_run / "results/iter_0/checkpoint", work / "results/iter_0/checkpoint")
+    # the initial policy made beforehand by the init stage (Snakemake takes it as made), so that only the rollout's
+    # jobs go through SLURM; its own init, not the shared tiny run's, keeps this test off that run's busy worker
+    init = subprocess.run([sys.executable, "-m", "stages.init", "--params", "params.yaml"], cwd=work,
+                          capture_output=True, text=True, timeout=300)
+    assert init.returncode == 0, init.stderr[-3000:]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
