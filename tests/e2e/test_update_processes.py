@@ -49,12 +49,20 @@ def _assert_same(w2, w1):
         torch.testing.assert_close(w2[k], w1[k], atol=1e-6, rtol=1e-5)
 
 
-def test_two_processes_train_what_one_trains(grpo_run, tmp_path):
-    one, w1, _ = _update(grpo_run, tmp_path / "one", 1)
+@pytest.fixture(scope="module")
+def one_process(grpo_run, tmp_path_factory):
+    """Iteration 1's update in one process, recomputing log pi_old: what both tests compare against (its folder,
+    step losses, weights and output)."""
+    d = tmp_path_factory.mktemp("update_processes") / "one"
+    return (d, *_update(grpo_run, d, 1))
+
+
+def test_two_processes_train_what_one_trains(grpo_run, one_process, tmp_path):
+    d_one, one, w1, _ = one_process
     before = load_file(grpo_run / "results/iter_0/checkpoint/model.safetensors")
     moved = max(float((w1[k] - before[k]).abs().max()) for k in w1)
     assert moved > 1e-4                                          # the update changed the weights ...
-    state1 = torch.load(tmp_path / "one/results/iter_1/optimizer/policy.pt", weights_only=True)
+    state1 = torch.load(d_one / "results/iter_1/optimizer/policy.pt", weights_only=True)
     for sharding in ("replicate", "fsdp"):
         two, w2, log = _update(grpo_run, tmp_path / sharding, 2, sharding)
         assert ("FSDP: each of 2 processes holds 1/2" in log) == (sharding == "fsdp")
@@ -69,16 +77,16 @@ def test_two_processes_train_what_one_trains(grpo_run, tmp_path):
             for name, value in moments.items():
                 torch.testing.assert_close(state2["state"][i][name], value, atol=1e-6, rtol=1e-4)
     # iteration 2 resumes AdamW from those moments: sharded by FSDP, as one process resumes them whole
-    one, w1, _ = _update(grpo_run, tmp_path / "one", 1, iteration=2)
+    one, w1, _ = _update(grpo_run, d_one, 1, iteration=2)
     two, w2, _ = _update(grpo_run, tmp_path / "fsdp", 2, "fsdp", iteration=2)
     assert one == pytest.approx(two, abs=1e-6, rel=1e-5)
     _assert_same(w2, w1)
 
 
-def test_the_engines_log_probs_stand_in_for_log_pi_old(grpo_run, tmp_path):
+def test_the_engines_log_probs_stand_in_for_log_pi_old(grpo_run, one_process, tmp_path):
     """`update.old_logprobs: engine` skips the recompute pass; the tiny run's HF engine computed the same log-probs
     in fp32, so the update takes the same steps (its rollout's mismatch report: under 1e-5)."""
-    recomputed, w1, log1 = _update(grpo_run, tmp_path / "recompute", 1)
+    _, recomputed, w1, log1 = one_process
     engine, w2, log2 = _update(grpo_run, tmp_path / "engine", 1, old_logprobs="engine")
     assert "recomputing log pi_old" in log1 and "recomputing log pi_old" not in log2
     assert "the rollout engine's log-probs stand in for the sampling checkpoint's" in log2
