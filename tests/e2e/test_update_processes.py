@@ -52,7 +52,8 @@ def _assert_same(w2, w1):
 @pytest.fixture(scope="module")
 def one_process(grpo_run, tmp_path_factory):
     """Iteration 1's update in one process, recomputing log pi_old: what both tests compare against (its folder,
-    step losses, weights and output)."""
+    step losses, weights and output; the losses and weights are read here, before the first test continues the
+    folder to iteration 2)."""
     d = tmp_path_factory.mktemp("update_processes") / "one"
     return (d, *_update(grpo_run, d, 1))
 
