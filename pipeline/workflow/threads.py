@@ -46,6 +46,9 @@ def configure(argv: list[str] | None = None) -> int:
     n = resolve(max(requested, 0))
     for var in ENV:
         os.environ[var] = str(n)
+    # MKL's AVX-512 paths may round differently from one run to the next (data alignment); strict CNR mode makes
+    # a rerun's floats equal to the first run's on any CPU
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     return n
 
 
