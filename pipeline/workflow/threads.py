@@ -5,7 +5,8 @@ both export as CREDITRL_THREADS (so either tool computes the same floats), at mo
 started by hand (`python -m stages.X`) takes every core. OpenMP, MKL, OpenBLAS and polars read their thread
 counts from the environment when they are first imported, so `stages/__init__.py` calls `configure` before a stage
 module imports anything heavy; `apply` sets torch's count again in case torch was imported earlier (a stage
-called in-process). `in_effect` reports what the stage actually ran with (`runtime/*` metrics).
+called in-process). `configure` also puts MKL in strict reproducible mode (`MKL_CBWR`) unless the caller set
+it. `in_effect` reports what the stage actually ran with (`runtime/*` metrics).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def configure(argv: list[str] | None = None) -> int:
     n = resolve(max(requested, 0))
     for var in ENV:
         os.environ[var] = str(n)
-    # MKL's AVX-512 paths may round differently from one run to the next (data alignment); strict CNR mode makes
-    # a rerun's floats equal to the first run's on any CPU
+    # MKL's AVX-512 paths may round differently from one run to the next (data alignment); strict CNR mode
+    # makes a rerun's floats equal to the first run's
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     return n
 
