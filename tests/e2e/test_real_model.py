@@ -95,14 +95,18 @@ def test_a_real_model_plays_an_iteration_with_its_chat_template(run):
 
 def test_vllm_samples_smollm2_with_the_trainers_logprobs(run):
     """log pi_old of the update (the trainer's forward at the sampling temperature) equals the engine's log-probs
-    of the sampled tokens, within the tolerance of the tiny policy's vLLM test."""
+    of the sampled tokens. Through 30 layers the engine's oneDNN kernels and the trainer's differ by a machine-
+    dependent amount (measured 3.5e-5 nats on one Xeon, 1.5e-3 on CI's); a real mismatch, the trainer at
+    temperature 1 instead of 0.9, is two orders above the tolerance, and the test checks that it is caught."""
     d, _ = run
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     steps = steps.filter(pl.col("response_ids").list.len() > 0)
     model, tok = load_policy(d / "results/iter_0/checkpoint")
     ids, _, resp = pad_batch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), tok.pad_token_id)
-    with torch.no_grad():
-        logp, _ = token_logprobs(model, ids, resp, temperature=TEMPERATURE)
     engine = torch.cat([torch.tensor(x) for x in steps["response_logprobs"].to_list()])
-    gap = (logp[resp] - engine).abs()
-    assert float(gap.max()) < 1e-3, f"vLLM and the trainer differ by up to {float(gap.max()):.2e} nats"
+    gaps = {}
+    for t in (TEMPERATURE, 1.0):
+        with torch.no_grad():
+            logp, _ = token_logprobs(model, ids, resp, temperature=t)
+        gaps[t] = float((logp[resp] - engine).abs().max())
+    assert gaps[TEMPERATURE] < 5e-3 and gaps[1.0] > 0.1, f"largest gap, nats, by the trainer's temperature: {gaps}"
