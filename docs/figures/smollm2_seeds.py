@@ -8,8 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from pipeline.data.figures import pyplot
-from pipeline.data.tables import atomic_file
+from pipeline.data.figures import pyplot, save_figure
 
 # (title, warm-start line, {method: (held-out success by iteration on 128 episodes, last checkpoint on 384 or None)})
 PANELS = [
@@ -59,11 +58,8 @@ def main(out: Path) -> None:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.suptitle("SmolLM2-135M-Instruct on Sokoban rooms of 2-5 moves, GRPO and GiGPO from the warm start "
                  "(128 episodes a point, bars 1.96 SE)")
-    fig.tight_layout()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=9, frameon=False)
-    with atomic_file(out, suffix=".png") as tmp:   # the legend below the panels: saved with a tight box around it
-        fig.savefig(tmp, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, out, tight_box=True)   # the legend below the panels
 
 
 if __name__ == "__main__":

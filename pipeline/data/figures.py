@@ -21,11 +21,12 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | Path) -> None:
-    """Lay out `fig`, write it to `path` as PNG (whole or not at all), and close it."""
+def save_figure(fig, path: str | Path, tight_box: bool = False) -> None:
+    """Lay out `fig`, write it to `path` as PNG (whole or not at all), and close it. `tight_box` crops the PNG to
+    what is drawn, so that a figure legend placed outside the axes (below them, say) is kept in the picture."""
     fig.tight_layout()
     with atomic_file(path, suffix=".png") as tmp:
-        fig.savefig(tmp)
+        fig.savefig(tmp, bbox_inches="tight" if tight_box else None)
     pyplot().close(fig)
 
 
