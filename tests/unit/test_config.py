@@ -118,3 +118,13 @@ def test_overrides_are_validated_like_a_file():
 
 def test_schema_defaults_equal_an_empty_file(tmp_path):
     assert load_params(write(tmp_path, {})) == Params()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_shipped_config_loads(name, monkeypatch):
+    """A shipped config that the schema has moved away from fails here, not in a user's first run (the model paths
+    are relative to the repository root, where scripts/install-models puts the GGUF files)."""
+    monkeypatch.chdir(ROOT)
+    p = load_params(ROOT / "configs" / name)
+    raw = yaml.safe_load((ROOT / "configs" / name).read_text())
+    assert p.env.name == raw["env"]["name"] and p.seed == raw.get("seed", 0)
