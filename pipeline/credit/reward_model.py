@@ -68,8 +68,22 @@ class StepRewardModel(ABC):
 
 def fit_iteration(model: StepRewardModel, state, steps: pl.DataFrame, rollout_policy: Path, initial_policy: Path,
                   iteration: int, params, log: Log = None) -> tuple[np.ndarray, dict[str, float]]:
-    """One iteration of `model`: prepare, then fit and score in the method's order; returns (scores, stats)."""
+    """One iteration of `model`: prepare, then fit and score in the method's order; returns (scores, stats), the
+    scores in the order of `steps` sorted by episode and step.
+
+    An episode whose environment raised (`env_error` set, `pipeline.rollout.episodes`) says nothing about the
+    policy: as the advantages stage leaves it out of every group statistic, the model neither fits on it nor
+    scores it, and its turns get score 0 (their advantage is 0 whatever the score)."""
     steps = steps.sort("episode_id", "step")
+    broken = (steps.select(pl.col("episode_id").filter(pl.col("env_error").is_not_null()).unique())["episode_id"]
+              if "env_error" in steps.columns else pl.Series([]))
+    if broken.len():
+        keep = ~steps["episode_id"].is_in(broken.implode())
+        scores, stats = fit_iteration(model, state, steps.filter(keep), rollout_policy, initial_policy, iteration,
+                                      params, log)
+        full = np.zeros(steps.height)
+        full[keep.to_numpy()] = scores
+        return full, {**stats, "env_error_episodes_left_out": float(broken.len())}
     batch = model.prepare(state, steps, rollout_policy, initial_policy, iteration, params)
     if model.score_first(params):
         scores = model.score(state, batch, params)

@@ -55,10 +55,24 @@ def test_gae_by_hand():
     assert gae(*args, gamma=0.5, lam=1.0).tolist() == pytest.approx(LAMBDA_1)
     assert gae(*args, gamma=0.5, lam=0.0).tolist() == pytest.approx(LAMBDA_0)
     assert gae(*args, gamma=0.5, lam=0.5)[:3].tolist() == pytest.approx([-0.3625, 0.15, 0.6])
-    # rows in any order give each turn the same value
-    shuffled = df.sample(fraction=1.0, shuffle=True, seed=3).sort("episode_id", "step")
-    assert gae(*(shuffled[c].to_numpy() for c in ("episode_id", "step", "reward", "score")), 0.5, 1.0).tolist() \
-        == pytest.approx(LAMBDA_1)
+    # rows in any order give each turn the same value: gae() receives the shuffled rows as they are
+    shuffled = df.with_row_index("row").sample(fraction=1.0, shuffle=True, seed=3)
+    assert shuffled["row"].to_list() != list(range(df.height))
+    for lam, expected in ((1.0, LAMBDA_1), (0.0, LAMBDA_0)):
+        got = gae(*(shuffled[c].to_numpy() for c in ("episode_id", "step", "reward", "score")), 0.5, lam)
+        assert got.tolist() == pytest.approx([expected[i] for i in shuffled["row"].to_list()])
+
+
+def test_the_critics_target_is_the_lambda_return_plus_the_old_value():
+    """λ = 0.5, γ = 0.5 and the table's non-zero values V_old: target_t = GAE_t + V_old(s_t).
+    ep 0: GAE (-0.3625, 0.15, 0.6) + V (0.5, 0.2, 0.4) = (0.1375, 0.35, 1.0);
+    ep 1: δ = (0.7, -2), GAE = (0.7 + 0.25 · -2, -2) = (0.2, -2) + V (0.8, 1.0) = (1.0, -1.0);
+    ep 2: 1.5 + 0.5 = 2.0."""
+    df = table()
+    b = GaeBatch(None, df["episode_id"].to_numpy(), df["step"].to_numpy(), df["reward"].to_numpy(), seed=0,
+                 values=df["score"].to_numpy())
+    target = TurnCritic()._targets(b, SimpleNamespace(gamma=0.5, lam=0.5))
+    assert target.tolist() == pytest.approx([0.1375, 0.35, 1.0, 1.0, -1.0, 2.0])
 
 
 def test_the_step_term_is_the_whitened_gae_and_there_is_no_episode_term():
@@ -169,3 +183,26 @@ def test_a_lora_critic_trains_adapters_and_head_only(tmp_path):
     b = GaeBatch(steps["prompt_ids"].to_list(), None, None, None, 0)
     assert torch.allclose(again.state_values(b.prompts, PAD, 5), state.critic.state_values(b.prompts, PAD, 16),
                           atol=1e-5)
+
+
+def test_the_critic_leaves_out_episodes_whose_environment_raised(tmp_path):
+    """The advantages stage gives a crashed episode advantage 0 and keeps it out of every statistic; the critic's
+    fit leaves it out too: the fit on a table with one crashed episode is the fit on the table without it, and the
+    crashed turns score 0."""
+    steps = synthetic_steps().with_columns(pl.lit(None, pl.String).alias("env_error"))
+    success = steps.group_by("episode_id").agg(pl.col("reward").sum())
+    crashed = success.filter(pl.col("reward") > 0)["episode_id"].min()    # a success: its return would count
+    marked = steps.with_columns(pl.when((pl.col("episode_id") == crashed) & (pl.col("step") == 2))
+                                .then(pl.lit("RuntimeError: engine died")).otherwise("env_error").alias("env_error"))
+    p = gae_params(epochs=3, minibatch_size=12, lr=3e-3, value_clip=None, batch_size=16)
+    scores, stats = fit_iteration(TurnCritic(), critic_state(tmp_path / "a", lr=3e-3), marked, None, None, 1, p)
+    clean = steps.filter(pl.col("episode_id") != crashed)
+    state_b = critic_state(tmp_path / "b", lr=3e-3)
+    ref_scores, ref_stats = fit_iteration(TurnCritic(), state_b, clean, None, None, 1, p)
+    assert stats.pop("env_error_episodes_left_out") == 1.0
+    assert stats == pytest.approx(ref_stats)
+    # 5 successes of 0.81, 0.9, 1 and 6 failures of 0s left: 0.5 · 5 · (0.81² + 0.9² + 1) / 33
+    assert stats["critic_loss_before"] == pytest.approx(0.5 * 5 * (0.81 ** 2 + 0.9 ** 2 + 1) / 33)
+    keep = (marked.sort("episode_id", "step")["episode_id"] != crashed).to_numpy()
+    assert scores[~keep].tolist() == [0.0] * 3
+    assert scores[keep].tolist() == ref_scores.tolist()

@@ -140,6 +140,19 @@ def test_decoupled_loss_on_hand_computed_tokens():
     assert stats["behaviour_weight_capped_share"] == 0.5
 
 
+def test_behaviour_kl_is_the_mean_log_ratio_of_the_behaviour_policy_to_the_proximal_one():
+    """The tokens were sampled by the behaviour policy b, so mean(log b − log π_prox) over them estimates
+    KL(b || π_prox). Ratios b / π_prox of 3 and 0.25 (not symmetric in the log, so the sign and the argument order
+    show): (log 3 + log 0.25) / 2 = log(0.75) / 2 = -0.143841; the arguments swapped give +0.143841."""
+    prox, behav = [torch.tensor([-1.0, -2.0])], [torch.tensor([-1.0 + math.log(3.0), -2.0 + math.log(0.25)])]
+    _, stats = behaviour_weights(prox, behav, cap=5.0)
+    assert stats["behaviour_kl"] == pytest.approx(-0.1438410362, abs=1e-6)
+    assert behaviour_weights(behav, prox, cap=5.0)[1]["behaviour_kl"] == pytest.approx(0.1438410362, abs=1e-6)
+    # the weights π_prox / b: 1/3 and 4, the second capped at 2
+    weights, stats = behaviour_weights(prox, behav, cap=2.0)
+    assert weights[0].tolist() == pytest.approx([1 / 3, 2.0]) and stats["behaviour_weight_capped_share"] == 0.5
+
+
 def test_equal_behaviour_and_proximal_policies_give_todays_loss():
     weights, stats = behaviour_weights([torch.tensor(PROX)], [torch.tensor(PROX)], cap=5.0)
     assert weights[0].tolist() == [1.0, 1.0] and stats["behaviour_kl"] == 0.0

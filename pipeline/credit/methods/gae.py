@@ -55,14 +55,19 @@ class GaeConfig(Section):
 
 def gae(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, values: np.ndarray, gamma: float,
         lam: float) -> np.ndarray:
-    """`GAE_t` per row (docs/credit-assignment.md, GAE); rows sorted by (episode_id, step), turns consecutive."""
-    episode_id, values = np.asarray(episode_id), np.asarray(values, dtype=np.float64)
+    """`GAE_t` per row (docs/credit-assignment.md, GAE), in the rows' own order, whatever it is; an episode's turns
+    are its rows in the order of `step`."""
+    episode_id, step = np.asarray(episode_id), np.asarray(step)
+    values = np.asarray(values, dtype=np.float64)
     n = len(values)
     if n == 0:
         return np.zeros(0)
-    same = np.r_[episode_id[1:] == episode_id[:-1], False]        # row t+1 is the same episode's next turn
-    v_next = np.where(same, np.r_[values[1:], 0.0], 0.0)
-    delta = np.asarray(reward, dtype=np.float64) + gamma * v_next - values
+    order = np.lexsort((step, episode_id))                         # by episode, then turn
+    ep, v = episode_id[order], values[order]
+    same = np.r_[ep[1:] == ep[:-1], False]                         # sorted row k+1 is the same episode's next turn
+    v_next = np.where(same, np.r_[v[1:], 0.0], 0.0)
+    delta = np.empty(n)
+    delta[order] = np.asarray(reward, dtype=np.float64)[order] + gamma * v_next - v
     return discounted_returns(episode_id, step, delta, gamma * lam)
 
 
