@@ -22,6 +22,47 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# A test skipped because a package or file is missing hides a broken install: every skip fails, but those of tests
+# marked as needing a GPU (`gpu`) or more of the machine (`hardware`).
+MAY_SKIP = ("gpu", "hardware")
+
+
+def _skip_fails(rep, what: str) -> None:
+    reason = rep.longrepr[-1] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    rep.outcome = "failed"
+    rep.longrepr = (f"{what} skipped ({reason}); only tests marked {' or '.join(MAY_SKIP)} may skip: a missing "
+                    "package or file is a broken install (run the README's test command)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if rep.skipped and not hasattr(rep, "wasxfail") and not any(item.get_closest_marker(m) for m in MAY_SKIP):
+        _skip_fails(rep, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    rep = (yield).get_result()
+    if rep.skipped:
+        _skip_fails(rep, collector.nodeid)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium_dom(url: str, profile: Path, budget_ms: int = 5000) -> str:
+    """The DOM of `url` after load in headless Chromium (the flags this machine needs: no network, no sandbox),
+    given `budget_ms` of virtual time for its scripts and requests."""
+    assert CHROMIUM, "no chromium on PATH: run scripts/install-chromium (the README's test command does)"
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
 def workflow_files(d: Path) -> None:
     """The Snakefile and its workflow profile, as a clone of the repository has them."""
     shutil.copy(ROOT / "Snakefile", d / "Snakefile")

@@ -481,5 +481,5 @@ def id_words(cfg: WebShopConfig) -> list[str]:
     return [w for a in ids for w in (a, a.lower())] if len(ids) <= MAX_ID_TOKENS else []
 
 
-SPEC = register(EnvSpec("webshop", WebShopConfig, WebShopEnv, requires=("bm25s", "thefuzz"),
-                        packages="the bm25s and thefuzz packages", words=id_words))
+SPEC = register(EnvSpec("webshop", WebShopConfig, WebShopEnv, requires=("bm25s", "thefuzz", "spacy"),
+                        packages="the bm25s, thefuzz and spacy packages", words=id_words))

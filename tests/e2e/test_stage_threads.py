@@ -10,6 +10,7 @@ from tests.unit.test_threads import run_stage
 
 
 @pytest.mark.e2e
+@pytest.mark.hardware
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to tell 1 thread from all")
 def test_a_torch_stage_runs_with_the_requested_threads(tmp_path):
     params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())

@@ -13,9 +13,6 @@ from pipeline.data.seeds import task_seed
 from pipeline.envs.base import has, make_env
 from tests.conftest import ROOT
 
-pytest.importorskip("alfworld")
-pytest.importorskip("fast_downward")
-
 SHIPPED = ROOT / "data" / "alfworld" / "json_2.1.1"
 
 

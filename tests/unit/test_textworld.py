@@ -7,8 +7,6 @@ import pytest
 from pipeline.config.params import Params
 from pipeline.envs.base import has, make_env
 
-pytest.importorskip("textworld")
-
 
 def tw_params(**env) -> Params:
     return Params.model_validate({"env": {"name": "textworld", "challenge": "tw-coin_collector", "level": 3,

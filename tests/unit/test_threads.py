@@ -38,6 +38,7 @@ def run_stage(d, stage, *args, env_threads=None):
     return r.stdout, {k: v for rec in records for k, v in rec["metrics"].items()}
 
 
+@pytest.mark.hardware
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to tell 1 thread from all")
 def test_a_stage_started_by_hand_runs_with_the_requested_threads(tmp_path):
     write_table(steps_frame().with_columns(pl.lit(1).alias("iteration")), tmp_path / "results/iter_1/steps.parquet",
