@@ -4,7 +4,7 @@
 #   snakemake --cores all --config params=my.yaml  # another params file
 import sys
 
-from pipeline.config.params import ParamsError, load_params
+from pipeline.config.params import ParamsError, check_dependencies, load_params
 from pipeline.data.paths import strip_dir
 from pipeline.workflow.dvcgen import record_run
 from pipeline.workflow.registry import (code_inputs, deps_for, enabled_stages, final_targets, job_file,
@@ -14,6 +14,7 @@ from pipeline.workflow.runs import share_base
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
     P = load_params(PARAMS_FILE)
+    check_dependencies(P, PARAMS_FILE)   # vLLM, the environment's engine: refused at plan time, not in a job
     share_base(P)   # run.base: link the base run's reusable outputs before Snakemake looks for them
 except (ParamsError, FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")

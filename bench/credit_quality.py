@@ -43,6 +43,7 @@ from pipeline.credit.oracle import (
 )
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import STEPS, atomic_file, read_table, write_text_atomic
+from pipeline.workflow.runs import run_folder
 
 # one row per (method, turn) in credit_quality_turns.parquet: what each method gave each turn, and the oracle's word
 TURN_COLUMNS = ["method", "iteration", "episode_id", "step", "action", "action_valid", "reward", "good", "distance",
@@ -178,7 +179,8 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> N
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, default=Path("results"), help="a run's results folder")
+    ap.add_argument("--run", type=Path, default=None, help="a run's results folder (default: the params file's "
+                    "run.dir, found as every tool finds it: docs/workflow.md, Where a run's outputs are)")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"), help="the params file of that run")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--methods", nargs="+", default=list(METHOD_NAMES), choices=METHOD_NAMES)
@@ -187,6 +189,8 @@ def main(argv=None) -> None:
     ap.add_argument("--last-iteration", type=int, default=None, help="use iterations 1..N of the run only")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     args = ap.parse_args(argv)
+    if args.run is None:
+        args.run = run_folder(load_params(args.params), args.params)
     run(args.run, args.params, args.out, args.methods, log=not args.no_mlflow, sets=args.set,
         last=args.last_iteration)
 

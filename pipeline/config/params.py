@@ -6,6 +6,7 @@ the file, the dotted key and what was expected (`ParamsError`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -286,8 +287,9 @@ class FaultsConfig(Section):
 
 class BaseRun(Section):
     """A finished run whose outputs this run reuses, linked on disk instead of copied or recomputed."""
-    params: str = Field(description="the base run's params file (its run.dir, relative to that file's folder, says "
-                        "where its outputs are)")
+    params: str = Field(description="the base run's params file; its outputs are in its run.dir, under the "
+                        "folder holding the Snakefile at or above that file (docs/workflow.md, Where a run's outputs "
+                        "are)")
     through: int = Field(1, ge=0, le=MAX_ITERATION, description="reuse the base's jobs of iterations 0..through "
                          "whose params this run shares (e.g. 1: the initial policy and iteration 1's rollout and "
                          "groups when only credit changes)")
@@ -295,7 +297,8 @@ class BaseRun(Section):
 
 class RunConfig(Section):
     dir: str = Field("results", min_length=1, description="the folder every output of this run goes under (runs "
-                     "with different dirs coexist); relative to the working directory")
+                     "with different dirs coexist); a relative one is under the run's workflow folder, the one "
+                     "holding the Snakefile (docs/workflow.md, Where a run's outputs are)")
     base: BaseRun | None = Field(None, description="a run to reuse outputs of (null: none)")
 
     @model_validator(mode="after")
@@ -390,8 +393,32 @@ def load_params(path: str | Path = "params.yaml") -> Params:
             else:
                 got = err.get("input")
                 got_s = "" if isinstance(got, dict) else f", got {got!r}"
-                problems.append(f"key '{loc}': {err['msg']}{got_s}")
+                problems.append(f"key '{loc}': {err['msg'].removeprefix('Value error, ')}{got_s}")
         raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
+
+
+def missing_dependencies(params: Params) -> list[str]:
+    """What the params need that this environment cannot import, one line per key: vLLM for `rollout.engine: vllm`,
+    the environment's engine for `env.name`. Found with `importlib.util.find_spec`, so nothing heavy is imported."""
+    problems = []
+    if params.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        problems.append("key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm "
+                        "(docs/models.md, Rollout engines), or set rollout.engine: hf")
+    spec = ENV_REGISTRY[params.env.name]
+    absent = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+    if absent:
+        problems.append(f"key 'env.name': {spec.name} needs {spec.packages or ', '.join(absent)}, and "
+                        f"{', '.join(absent)} cannot be imported: install the project as the README says "
+                        "(README, The two commands)")
+    return problems
+
+
+def check_dependencies(params: Params, path: str | Path) -> None:
+    """A `ParamsError` naming the file and each key whose dependency is missing (`missing_dependencies`): called
+    where work is planned or started (the Snakefile, every stage, `bench.learning`), before anything runs."""
+    problems = missing_dependencies(params)
+    if problems:
+        raise ParamsError(f"{path}: " + "; ".join(problems))
 
 
 def apply_overrides(data: dict, sets: list[str], where: str = "--set") -> dict:

@@ -60,7 +60,7 @@ class VLLMSampler:
             from vllm import LLM  # optional: vLLM
         except ImportError as e:
             raise ImportError("rollout.engine is vllm, but vLLM is not installed: run scripts/install-vllm "
-                              f"(README, Rollout engines) ({e})") from None
+                              f"(docs/models.md, Rollout engines) ({e})") from None
         self.tokenizer = tokenizer
         self._tmp = None
         folder = Path(checkpoint)

@@ -38,7 +38,8 @@ def gguf_header(path: str | Path) -> GgufHeader:
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ValueError(f"{path}: no such GGUF file")
+        raise ValueError(f"{path}: no such GGUF file; scripts/install-models installs SmolLM2's and Gemma 3's "
+                         "(README, Train a real model)")
     try:
         fields, types = _scan(path)
     except (ValueError, EOFError, UnicodeDecodeError, struct.error) as e:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.params import ParamsError, load_params
+from pipeline.config.params import ParamsError, check_dependencies, load_params
 from pipeline.data.paths import at, fill, strip_dir
 from pipeline.data.tables import TableError
 from pipeline.workflow import threads
@@ -57,6 +57,7 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
     started = time.perf_counter()
     try:
         params = load_params(args.params)
+        check_dependencies(params, args.params)
     except ParamsError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,10 +1,14 @@
 """Runs side by side: a run reuses the outputs of a base run (`run.base`) by linking them, not copying them.
 
-The base run is named by its params file; its `run.dir` is taken relative to that file's folder (for a run of the
-same checkout, the working directory). The base run's jobs of iterations 0..`run.base.through` whose stage params
-this run shares are reused: each of
-their outputs is linked into this run's folder (a file as a symlink, a folder as a real folder of symlinked files),
-together with the optimiser state the next job resumes from. A job is reused only when every job it depends on is,
+Where a run is (one rule for Snakemake, DVC, the stages and every `bench.*` tool, docs/workflow.md, Where a run's
+outputs are): a relative `run.dir` is relative to the run's workflow folder, the folder Snakemake and DVC run in,
+which holds the Snakefile. From a params file, that folder is the nearest one at or above the file that holds a
+Snakefile (`configs/x.yaml` -> the checkout), or else the working directory (`workflow_dir`, `run_folder`).
+
+The base run is named by its params file, and found by that rule. The base run's jobs of iterations
+0..`run.base.through` whose stage params this run shares are reused: each of their outputs is linked into this
+run's folder (a file as a symlink, a folder as a real folder of symlinked files), together with the optimiser state
+the next job resumes from. A job is reused only when every job it depends on is,
 so a change anywhere upstream (another seed, another rollout setting) reuses nothing after it. Snakemake then sees
 the outputs in place and plans only the jobs after them.
 
@@ -22,6 +26,21 @@ from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
 from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
+
+
+def workflow_dir(params_file: str | Path) -> Path:
+    """The folder a run of `params_file` runs in: the nearest folder at or above the file holding a Snakefile, else
+    the working directory."""
+    for d in Path(params_file).resolve().parents:
+        if (d / "Snakefile").is_file():
+            return d
+    return Path.cwd()
+
+
+def run_folder(params: Params, params_file: str | Path) -> Path:
+    """Where the outputs of the run of `params_file` (`params`, loaded from it) are: its `run.dir` under the run's
+    `workflow_dir` (or as it is, when absolute)."""
+    return workflow_dir(params_file) / params.run.dir
 
 
 def ordered_jobs(params: Params, through: int):
@@ -64,7 +83,7 @@ def share_base(params: Params, log=print) -> list[str]:
     if params.run.base is None:
         return []
     base = load_params(params.run.base.params)
-    root = Path(params.run.base.params).parent      # the base's run.dir is relative to its params file's folder
+    root = workflow_dir(params.run.base.params)     # where the base's run.dir is (the module's rule)
     if (root / base.run.dir).resolve() == Path(params.run.dir).resolve():
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")

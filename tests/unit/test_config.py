@@ -128,3 +128,75 @@ def test_every_shipped_config_loads(name, monkeypatch):
     p = load_params(ROOT / "configs" / name)
     raw = yaml.safe_load((ROOT / "configs" / name).read_text())
     assert p.env.name == raw["env"]["name"] and p.seed == raw.get("seed", 0)
+
+
+def test_no_two_shipped_runs_share_a_folder_unless_one_continues_the_other():
+    """Every params file of the checkout (params.yaml and configs/) runs into its own run.dir, found by the one
+    rule every tool shares (pipeline.workflow.runs.run_folder): two that share one would overwrite each other's
+    outputs, unless one continues the other through run.base."""
+    from pipeline.workflow.runs import run_folder
+
+    files = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
+    raw = {f: yaml.safe_load(f.read_text()) or {} for f in files}
+    where = {f: run_folder(Params.model_validate({"run": r.get("run", {})}), f).resolve() for f, r in raw.items()}
+    assert where[ROOT / "params.yaml"] == ROOT / "results"
+    assert where[ROOT / "configs" / "webshop.yaml"] == ROOT / "results" / "webshop"   # the checkout, not configs/
+
+    def continues(a, b) -> bool:
+        base = (raw[a].get("run") or {}).get("base")
+        return bool(base) and (ROOT / base["params"]).resolve() == b.resolve()
+
+    shared = [(a.name, b.name) for i, a in enumerate(files) for b in files[i + 1:]
+              if where[a] == where[b] and not (continues(a, b) or continues(b, a))]
+    assert not shared, f"configs sharing a run.dir: {shared}"
+
+
+def test_missing_dependencies_are_refused_in_one_line_naming_the_key(monkeypatch, tmp_path):
+    """rollout.engine: vllm without vLLM importable is refused before any work (found with find_spec, nothing
+    imported), and so is an environment whose engine is missing; a GGUF file that is not there names the script
+    that installs it."""
+    import importlib.util
+
+    from pipeline.config.params import check_dependencies
+
+    real = importlib.util.find_spec
+    hidden = {"vllm", "textworld"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
+    f = write(tmp_path, {"rollout": {"engine": "vllm"}})
+    with pytest.raises(ParamsError) as e:
+        check_dependencies(load_params(f), f)
+    assert str(e.value) == (f"{f}: key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm "
+                            "(docs/models.md, Rollout engines), or set rollout.engine: hf")
+    check_dependencies(load_params(write(tmp_path, {})), f)          # hf and sokoban need nothing more
+    tw = write(tmp_path, {"env": {"name": "textworld"}})
+    with pytest.raises(ParamsError, match=r"key 'env.name': textworld needs .*textworld cannot be imported"):
+        check_dependencies(load_params(tw), tw)
+    monkeypatch.undo()
+    gguf = write(tmp_path, {"policy": {"path": str(tmp_path / "absent.gguf")}})
+    with pytest.raises(ParamsError, match=r"absent.gguf: no such GGUF file; scripts/install-models installs"):
+        load_params(gguf)
+
+
+def test_the_snakefile_refuses_a_missing_vllm_at_plan_time(tmp_path):
+    """The README's real-model command without vLLM: Snakemake stops while it plans, in one line, before any job."""
+    import subprocess
+    import sys
+
+    from tests.conftest import workflow_files
+
+    workflow_files(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"rollout": {"engine": "vllm"}}))
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    # a sitecustomize that makes vLLM unfindable, as on a machine without it
+    (hide / "sitecustomize.py").write_text(
+        "import importlib.util as u\n_f = u.find_spec\n"
+        "u.find_spec = lambda n, *a: None if n == 'vllm' else _f(n, *a)\n")
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "-n"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{hide}:{ROOT}"})
+    assert r.returncode != 0
+    assert ("error: params.yaml: key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm"
+            in r.stderr), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "results").exists()
