@@ -44,16 +44,27 @@ def tracking_uri(params: Params, root: Path | None = None) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+# MLflow 3's UI shows an experiment of this kind as a table of runs (its default for an untagged one is the GenAI view)
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def open_experiment(uri: str, experiment: str, root: Path):
     """(client, experiment id) of `experiment` in the MLflow store at `uri`, created (with its artifacts under
-    `root/mlartifacts`) where it does not exist yet. The stages, `sync` and the benchmarks open MLflow here."""
+    `root/mlartifacts`) where it does not exist yet. The stages, `sync` and the benchmarks open MLflow here.
+
+    Every experiment carries `EXPERIMENT_KIND` (an existing one gets it when next opened), so that MLflow 3's UI
+    opens it on its table of runs rather than on the GenAI overview."""
     from mlflow import MlflowClient  # start-up cost: MLflow's import is slow, and tracking may be off
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
-    if exp is not None:
-        return client, exp.experiment_id
-    return client, client.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri())
+    if exp is None:
+        exp_id = client.create_experiment(experiment, artifact_location=(root / "mlartifacts").as_uri(),
+                                          tags=dict([EXPERIMENT_KIND]))
+        return client, exp_id
+    if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    return client, exp.experiment_id
 
 
 def invocation() -> tuple[str, str]:
@@ -277,15 +288,32 @@ def sync(params: Params, root: Path | None = None) -> int:
     return len(markers)
 
 
+def runs_page(params: Params, port: int, root: Path | None = None) -> str:
+    """The address of the MLflow UI's table of the experiment's runs. MLflow 3.17's UI takes the page an experiment
+    opens on from its workflow switch (the `workflowType` query, then the browser's last choice, GenAI by default),
+    not from `EXPERIMENT_KIND`; the query opens it on the runs."""
+    root = root or repo_root()
+    _, exp_id = open_experiment(tracking_uri(params, root), params.tracking.experiment, root)
+    return f"http://127.0.0.1:{port}/#/experiments/{exp_id}?workflowType=machine_learning"
+
+
 def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.workflow.tracking",
-                                 description="Log to MLflow the stages whose tracking failed during a run.")
-    ap.add_argument("command", choices=["sync"])
+                                 description="sync: log to MLflow the stages whose tracking failed during a run. "
+                                 "ui: serve the MLflow UI on the run's store and print the address of its runs.")
+    ap.add_argument("command", choices=["sync", "ui"])
     ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--port", type=int, default=5000, help="ui: the port on 127.0.0.1")
     args = ap.parse_args(argv)
-    n = sync(load_params(args.params))
-    print(f"synced {n} stage(s) to {tracking_uri(load_params(args.params))}")
+    params = load_params(args.params)
+    if args.command == "ui":
+        print(f"MLflow UI of {tracking_uri(params)}: the runs of {params.tracking.experiment!r} at "
+              f"{runs_page(params, args.port)}", flush=True)
+        os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri(params),
+                                   "--host", "127.0.0.1", "--port", str(args.port)])
+    n = sync(params)
+    print(f"synced {n} stage(s) to {tracking_uri(params)}")
 
 
 if __name__ == "__main__":
