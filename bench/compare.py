@@ -10,6 +10,10 @@ grouped by `credit.method` (`--group-by KEY` takes another params key) and told 
 of a group give a mean and a spread. The
 page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
 
+- the verdicts: each group against the baseline group (`--baseline`, GRPO by default, else the first): the paired
+  difference in final held-out success and in area under the curve, with a 95 % two-level bootstrap interval,
+  the exact sign-flip p-value over seeds, the seeds 80 % power would need, and the verdict in words
+  (`bench.verdicts`; compare_verdicts.csv), on the held-out tasks every run played (the page says which);
 - the held-out success curves, mean ± std over seeds, and each method minus GRPO on the same seed;
 - per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
   term for separating good from bad turns, docs/credit-assignment.md, Oracle credit) and the share of turns with a step
@@ -40,6 +44,7 @@ import polars as pl
 from bench import log_run
 from bench.breakdown import collect
 from bench.learning import plot, summarise
+from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.data.difficulty import success_by_difficulty
@@ -47,6 +52,7 @@ from pipeline.data.figures import figure_base64, pyplot
 from pipeline.data.tables import ADVANTAGES, EVAL_EPISODES, GROUPS, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
 from pipeline.workflow.registry import param_value
+from pipeline.workflow.runs import run_folder
 
 SIZE_BINS = (("singleton", 1, 1), ("2-5", 2, 5), ("6-9", 6, 9), ("10+", 10, None))
 
@@ -72,7 +78,8 @@ class Run:
                                     "params.yaml its stages ran with")
         self.folder = params_file.parent
         self.params = load_params(params_file)
-        self.results = self.folder / self.params.run.dir
+        # a params file: the rule every tool shares (pipeline.workflow.runs); a folder: the run ran in it
+        self.results = run_folder(self.params, params_file) if path.is_file() else self.folder / self.params.run.dir
         if not (self.results / "iter_0" / "eval_metrics.json").is_file():
             raise FileNotFoundError(f"{self.results}: no iter_0/eval_metrics.json; run the workflow there first")
 
@@ -318,7 +325,34 @@ def _readable(df: pl.DataFrame) -> pl.DataFrame:
     return df.select(keep).rename({c: SUMMARY_HEADERS[c] for c in keep})
 
 
-def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list[tuple[str, str, str]]) -> str:
+VERDICT_HEADERS = {"method": "group", "baseline": "against", "metric": "metric", "seeds": "seeds",
+                   "tasks": "tasks a seed", "diff": "difference (points)", "ci_low": "95 % CI low",
+                   "ci_high": "95 % CI high", "p_value": "p (sign flip)", "seeds_for_power": "seeds for 80 % power",
+                   "verdict": "verdict"}
+
+
+def verdicts(runs: list[Run], baseline: str) -> tuple[pl.DataFrame, str]:
+    """Each group against `baseline` on the runs' held-out tasks (`bench.verdicts.compare_methods`)."""
+    found, panel = compare_methods({(r.method, r.seed): task_success(r.results, r.iterations()) for r in runs},
+                                   baseline)
+    return verdict_frame(found), panel
+
+
+def verdict_section(table: pl.DataFrame, panel: str) -> list[str]:
+    if not table.height:
+        return []
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in table["sentence"].to_list())
+    readable = table.drop("sentence").rename(VERDICT_HEADERS)
+    return [f"<h2>Verdicts against {html.escape(table['baseline'][0])}</h2>",
+            f"<p class='note'>{html.escape(panel)} Each difference is the mean over seeds of the paired difference "
+            "on the same seed, in points of held-out success; its 95 % interval comes from a two-level bootstrap "
+            "(seeds, then held-out tasks within a seed); p is the exact sign-flip permutation p-value over seeds "
+            "(with n seeds it cannot go below 2 / 2<sup>n</sup>); a difference is established when p &lt; 0.05 and "
+            "the interval excludes 0.</p>", f"<ul class='verdicts'>{items}</ul>", _table(readable)]
+
+
+def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list[tuple[str, str, str]],
+         verdict_parts: list[str] = ()) -> str:
     listing = pl.DataFrame([{"run": r.label, "group": r.method, "seed": r.seed, "iterations": max(r.iterations()),
                              "env": r.params.env.name, "outputs": str(r.results.resolve())} for r in runs])
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>creditrl: comparison of {len(runs)} runs"
@@ -330,6 +364,7 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
              "ROC-AUC of each method's advantage and step term on its own runs.</p>", _table(_readable(summary))]
     if vs.height:
         parts += ["<p class='note'>Final success minus GRPO's on the same seed:</p>", _table(_readable(vs))]
+    parts += list(verdict_parts)
     for title, caption, b64 in figures:
         parts.append(f"<figure><h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
                      f"src='data:image/png;base64,{b64}'><figcaption>{html.escape(caption)}</figcaption></figure>")
@@ -337,7 +372,8 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
     return "\n".join(parts)
 
 
-def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tuple[Path, pl.DataFrame, list[Run]]:
+def build(folders: list[Path], out: Path, group_by: str = "credit.method",
+          baseline: str = "grpo") -> tuple[Path, pl.DataFrame, list[Run]]:
 
     runs = [Run(f, group_by) for f in folders]
     for r in runs:          # folders of the same name (W/s0/grpo, W/s1/grpo): their parent tells them apart
@@ -354,7 +390,9 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
     tm = times(runs)
     dif = difficulty(runs)
     summary, vs = summarise(cv, cr)
-    colors = _colors(list(dict.fromkeys(r.method for r in runs)))
+    groups = list(dict.fromkeys(r.method for r in runs))
+    verdict_table, panel = verdicts(runs, baseline if baseline in groups else groups[0])
+    colors = _colors(groups)
     figures = [("Held-out success", "Left: mean ± std over seeds per method. Right (with GRPO among the runs): each "
                 "method's success minus GRPO's on the same seed.", plot_curves(cv))]
     if dif["iteration"].n_unique() > 1:
@@ -380,8 +418,12 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method") -> tu
         write_text_atomic(out / "compare_credit.csv", cr.write_csv())
     write_text_atomic(out / "compare_times.csv", tm.write_csv())
     write_text_atomic(out / "compare_difficulty.csv", dif.write_csv())
+    if verdict_table.height:
+        write_text_atomic(out / "compare_verdicts.csv", verdict_table.write_csv())
+    else:                                 # one group: nothing to compare (and no earlier page's verdicts left)
+        (out / "compare_verdicts.csv").unlink(missing_ok=True)
     report = out / "report.html"
-    write_text_atomic(report, page(runs, summary, vs, figures))
+    write_text_atomic(report, page(runs, summary, vs, figures, verdict_section(verdict_table, panel)))
     return report, summary, runs
 
 
@@ -418,13 +460,18 @@ def main(argv=None) -> None:
     ap.add_argument("--group-by", default="credit.method", help="the params key whose value groups the runs (seeds "
                     "of one group give its spread), e.g. policy.lora to compare LoRA with full fine-tuning")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to MLflow")
+    ap.add_argument("--baseline", default="grpo", help="the group every other one is compared with in the verdicts "
+                    "(a value of --group-by's key; default grpo, else the first group)")
     args = ap.parse_args(argv)
     try:
-        report, summary, runs = build(args.runs, args.out, args.group_by)
+        report, summary, runs = build(args.runs, args.out, args.group_by, args.baseline)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=3):
         print(summary)
+    verdict_file = args.out / "compare_verdicts.csv"
+    if verdict_file.is_file():
+        print("\n".join(pl.read_csv(verdict_file)["sentence"].to_list()))
     if not args.no_mlflow:
         log_mlflow(runs, report, summary, pl.read_csv(args.out / "compare_curves.csv"))
     print(f"wrote {report}")

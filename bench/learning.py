@@ -19,6 +19,10 @@ files), logged to the repository's MLflow store like any run. Output in `--out`:
 - learning_credit.csv: that oracle credit quality per method, seed and iteration, with the share of turns with a
   step signal and in non-singleton anchor groups (and `auc_score`, the learned model's own);
 - learning_vs_grpo.csv: per method, the per-seed difference from GRPO's final success (mean, std);
+- learning_verdicts.csv: per method against the baseline (`--baseline`, GRPO by default), the paired difference in
+  final held-out success and in area under the curve, in points, with a 95 % two-level bootstrap interval (seeds,
+  then held-out tasks within a seed), the exact sign-flip p-value over seeds, the seeds 80 % power would need and
+  the verdict in words (`bench.verdicts`); the sentences are printed too;
 - learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
 """
 
@@ -37,7 +41,8 @@ import polars as pl
 import yaml
 
 from bench import log_run
-from pipeline.config.params import METHOD_NAMES, apply_overrides, load_params, with_overrides
+from bench.verdicts import compare_methods, task_success, verdict_frame
+from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
@@ -73,7 +78,7 @@ def _snakemake(d: Path, cores: int, *targets: str) -> None:
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
             sets: list[str] = ()) -> None:
     base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
-    with_overrides(load_params(params_file), list(sets))        # validate before any work
+    check_dependencies(with_overrides(load_params(params_file), list(sets)), params_file)  # before any work
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
 
     def base_run(seed: int) -> None:
@@ -207,12 +212,28 @@ def plot(curves: pl.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def verdicts(work: Path, methods: list[str], seeds: list[int], baseline: str) -> tuple[pl.DataFrame, str]:
+    """Each method against `baseline` on the held-out tasks of every run (`bench.verdicts.compare_methods`)."""
+    tables = {}
+    for m in methods:
+        for s in seeds:
+            results = work / f"{m}_s{s}" / "results"
+            its = sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/eval.parquet"))
+            tables[(m, s)] = task_success(results, its)
+    found, panel = compare_methods(tables, baseline)
+    return verdict_frame(found), panel
+
+
 def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: bool = True,
-           oracle: bool = True) -> pl.DataFrame:
+           oracle: bool = True, baseline: str = "grpo") -> pl.DataFrame:
     curves = collect(work, methods, seeds)
     credit = collect_credit(work, methods, seeds) if oracle else None
     table, vs = summarise(curves, credit)
+    baseline = baseline if baseline in methods else methods[0]
+    verdict_table, panel = verdicts(work, methods, seeds, baseline)
     out.mkdir(parents=True, exist_ok=True)
+    if verdict_table.height:
+        write_text_atomic(out / "learning_verdicts.csv", verdict_table.write_csv())
     write_text_atomic(out / "learning_curves.csv", curves.write_csv())
     write_text_atomic(out / "learning.csv", table.write_csv())
     if credit is not None:
@@ -224,14 +245,17 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
         print(table)
         if vs.height:
             print(vs)
+    if verdict_table.height:
+        print(panel)
+        print("\n".join(verdict_table["sentence"].to_list()))
     if log:
 
         metrics = {f"{r['method']}_{k}": r[k] for r in table.iter_rows(named=True)
                    for k in ("final_mean", "best_mean", "auc_mean", "gain_mean", "oracle_auc_step_term")
                    if r.get(k) is not None and r[k] == r[k]}
         log_run("learning", {"methods": methods, "seeds": seeds, "work": str(work.resolve())}, metrics,
-                [out / f for f in ("learning.csv", "learning_curves.csv", "learning.png", "learning_credit.csv")
-                 if (out / f).exists()])
+                [out / f for f in ("learning.csv", "learning_curves.csv", "learning.png", "learning_credit.csv",
+                                   "learning_verdicts.csv") if (out / f).exists()])
     return table
 
 
@@ -249,10 +273,12 @@ def main(argv=None) -> None:
     ap.add_argument("--report-only", action="store_true", help="only collect finished runs")
     ap.add_argument("--no-oracle", action="store_true", help="skip scoring the runs' advantages against the oracle")
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--baseline", default="grpo", help="the method every other one is compared with (verdicts)")
     args = ap.parse_args(argv)
     if not args.report_only:
         run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
-    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle)
+    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle,
+           baseline=args.baseline)
 
 
 if __name__ == "__main__":

@@ -2,27 +2,19 @@
 MLflow runs, and every plot rendered in a real browser (headless Chromium)."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 
 import polars as pl
 import pytest
 
 from bench import compare
+from tests.conftest import ROOT, chromium_dom
 
 pytestmark = pytest.mark.e2e
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def rendered_dom(page, profile):
-    """The page's DOM after load in headless Chromium (the flags this machine needs: no network, no sandbox)."""
-    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +52,11 @@ def test_the_report_summarises_each_method_from_its_own_files(report):
                 assert rows["tasks_up"].sum() == rows["tasks_down"].sum() == 0
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="scripts/install-chromium installs Debian's chromium (CI does)")
 def test_every_plot_of_the_page_renders_in_chromium(report, tmp_path):
     path, *_ = report
     text = path.read_text()
     assert "<script src" not in text and "http" not in text.split("<body>")[0]     # self-contained
-    dom = rendered_dom(path, tmp_path / "profile")
+    dom = chromium_dom(path.as_uri(), tmp_path / "profile")
     plots = re.search(r'data-plots="(\d+)"', dom)
     rendered = re.search(r'data-plots-rendered="(\d+)"', dom)
     assert plots and rendered, "the page's load handler did not run"
@@ -96,3 +87,19 @@ def test_runs_of_one_group_and_seed_are_refused(grpo_run, tmp_path):
         compare.build([grpo_run, grpo_run], tmp_path)
     with pytest.raises(FileNotFoundError, match="no params.yaml"):
         compare.build([tmp_path], tmp_path / "out")
+
+
+def test_a_params_file_in_configs_is_compared_where_snakemake_ran_it(grpo_run, tmp_path):
+    """`snakemake --config params=configs/x.yaml` puts a relative run.dir under the folder it runs in (the one
+    holding the Snakefile); bench.compare, given configs/x.yaml, looks there too, not beside the file."""
+    work = tmp_path / "checkout"
+    (work / "configs").mkdir(parents=True)
+    shutil.copy(grpo_run / "Snakefile", work / "Snakefile")
+    (work / "results").symlink_to(grpo_run / "results")          # the run, as Snakemake left it
+    shutil.copy(grpo_run / "params.yaml", work / "configs" / "x.yaml")
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "configs/x.yaml", "--out", str(tmp_path / "out"),
+                        "--no-mlflow"], cwd=work, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert compare.Run(work / "configs" / "x.yaml").results == work / "results"
+    assert (tmp_path / "out" / "report.html").is_file()
