@@ -160,7 +160,7 @@ def test_missing_dependencies_are_refused_in_one_line_naming_the_key(monkeypatch
     from pipeline.config.params import check_dependencies
 
     real = importlib.util.find_spec
-    hidden = {"vllm", "textworld"}
+    hidden = {"vllm", "textworld", "spacy"}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
     f = write(tmp_path, {"rollout": {"engine": "vllm"}})
     with pytest.raises(ParamsError) as e:
@@ -171,6 +171,10 @@ def test_missing_dependencies_are_refused_in_one_line_naming_the_key(monkeypatch
     tw = write(tmp_path, {"env": {"name": "textworld"}})
     with pytest.raises(ParamsError, match=r"key 'env.name': textworld needs .*textworld cannot be imported"):
         check_dependencies(load_params(tw), tw)
+    shop = write(tmp_path, {"env": {"name": "webshop"}})
+    with pytest.raises(ParamsError, match=r"key 'env.name': webshop needs the bm25s, thefuzz and spacy packages, and "
+                       r"spacy cannot be imported"):       # WebShop's reward reads spaCy's stop words
+        check_dependencies(load_params(shop), shop)
     monkeypatch.undo()
     gguf = write(tmp_path, {"policy": {"path": str(tmp_path / "absent.gguf")}})
     with pytest.raises(ParamsError, match=r"absent.gguf: no such GGUF file; scripts/install-models installs"):
