@@ -70,7 +70,7 @@ def workflow_files(d: Path) -> None:
 
 
 def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((d / "results/logs").glob("*.log")))
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(d.glob("results/**/logs/*.log")))
     return f"snakemake failed in {d}:\n{r.stderr[-4000:]}\n{logs}"
 
 
@@ -106,9 +106,11 @@ def dvc_repo(d: Path, **changes) -> Path:
 
 
 def run_env_config(d: Path, config: str, **changes) -> dict:
-    """Run `configs/<config>` end to end in `d` at the tiny test sizes (1 iteration: every stage, evaluation
-    before and after), with `changes` to its sections merged in; returns the params written. Fails the test with
-    Snakemake's log on error."""
+    """Run `configs/<config>` in `d` at the tiny test sizes, with `changes` to its sections merged in, through every
+    stage that plays or reads the environment: init (its warm start on the environment's expert), the held-out
+    evaluation of iteration 0, and iteration 1's rollout, groups and advantages (the update, the next evaluation
+    and the report do the same for every environment, and the Sokoban runs test them). Returns the params
+    written; fails the test with Snakemake's log on error."""
     workflow_files(d)
     params = yaml.safe_load((ROOT / "configs" / config).read_text())
     tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
@@ -121,7 +123,9 @@ def run_env_config(d: Path, config: str, **changes) -> dict:
     for section, values in changes.items():
         params[section] = {**params.get(section, {}), **values}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=1200)
+    run = params["run"]["dir"]
+    r = subprocess.run([SNAKEMAKE, f"{run}/iter_0/eval_metrics.json", f"{run}/iter_1/advantages.parquet", "--cores",
+                        "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         pytest.fail(snakemake_failure(d, r))
     return params

@@ -143,6 +143,15 @@ def test_learning_smoke(tmp_path):
     row = table.filter(pl.col("method") == "grpo").row(0, named=True)
     assert row["final_mean"] == grpo[1] and row["auc_mean"] == pytest.approx(sum(grpo) / 2)
     assert (out / "learning.png").stat().st_size > 0
+    # the verdicts: RLOO against GRPO from the held-out tasks of the same runs (every task 2 episodes, so the mean
+    # of the tasks' rates is the run's rate); one seed: p = 1, nothing established, no power to size
+    rloo = curves.filter(pl.col("method") == "rloo")["success_rate"].to_list()
+    final, auc = pl.read_csv(out / "learning_verdicts.csv").iter_rows(named=True)
+    assert (final["method"], final["baseline"], final["metric"], final["seeds"], final["tasks"]) == \
+        ("rloo", "grpo", "final", 1, 4)
+    assert final["diff"] == pytest.approx(100 * (rloo[1] - grpo[1]))
+    assert auc["metric"] == "auc" and auc["diff"] == pytest.approx(100 * (sum(rloo) - sum(grpo)) / 2)
+    assert final["p_value"] == 1.0 and final["verdict"] == "not established" and final["seeds_for_power"] is None
 
 
 @pytest.mark.e2e

@@ -1,5 +1,6 @@
-"""The TextWorld and ALFWorld configurations end to end at the tiny test sizes: every stage, 1 iteration, evaluation
-before and after (the environments' own rules are tests/unit/test_textworld.py and test_alfworld.py)."""
+"""The TextWorld, ALFWorld and WebShop configurations at the tiny test sizes, through every stage that plays or
+reads the environment (`run_env_config`): the warm start, the held-out evaluation, a rollout, its groups and
+advantages (the environments' own rules are tests/unit/test_textworld.py, test_alfworld.py and test_webshop.py)."""
 
 import pytest
 
@@ -15,6 +16,7 @@ def test_tiny_textworld_configuration_end_to_end(tmp_path):
     import polars as pl
 
     steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
     assert steps["prompt"][0].startswith("TextWorld. ") and "Admissible actions: [" in steps["prompt"][0]
 
 
@@ -25,9 +27,10 @@ def test_tiny_alfworld_configuration_end_to_end(tmp_path):
     import polars as pl
 
     steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
     assert steps["prompt"][0].startswith("ALFWorld. Your task is to: ") and "Admissible actions: [go to " in \
         steps["prompt"][0]
-    held_out = pl.read_parquet(run / "iter_1/eval.parquet")
+    held_out = pl.read_parquet(run / "iter_0/eval.parquet")
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4
 
 
@@ -37,7 +40,8 @@ def test_tiny_webshop_configuration_end_to_end(tmp_path):
     import polars as pl
 
     steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
     assert steps["prompt"][0].startswith("WebShop. Instruction: ") and \
         "Admissible actions: [search[<your query>]]" in steps["prompt"][0]
-    held_out = pl.read_parquet(run / "iter_1/eval.parquet")
+    held_out = pl.read_parquet(run / "iter_0/eval.parquet")
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4     # search, click, options, buy
