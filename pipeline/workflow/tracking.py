@@ -44,7 +44,8 @@ def tracking_uri(params: Params, root: Path | None = None) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
-# MLflow 3's UI shows an experiment of this kind as a table of runs (its default for an untagged one is the GenAI view)
+# The tag by which MLflow 3 marks a model-training experiment (not GenAI). MLflow 3.17's UI does not read it to choose
+# the page an experiment opens on (`runs_page` says what does); other versions' may.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
@@ -52,8 +53,8 @@ def open_experiment(uri: str, experiment: str, root: Path):
     """(client, experiment id) of `experiment` in the MLflow store at `uri`, created (with its artifacts under
     `root/mlartifacts`) where it does not exist yet. The stages, `sync` and the benchmarks open MLflow here.
 
-    Every experiment carries `EXPERIMENT_KIND` (an existing one gets it when next opened), so that MLflow 3's UI
-    opens it on its table of runs rather than on the GenAI overview."""
+    Every experiment carries `EXPERIMENT_KIND` (an existing one gets it when next opened); the address that opens
+    MLflow 3.17's UI on the table of runs is `runs_page`'s."""
     from mlflow import MlflowClient  # start-up cost: MLflow's import is slow, and tracking may be off
 
     client = MlflowClient(tracking_uri=uri)
