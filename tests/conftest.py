@@ -105,12 +105,12 @@ def dvc_repo(d: Path, **changes) -> Path:
     return d
 
 
-def run_env_config(d: Path, config: str, **changes) -> dict:
+def run_env_config(d: Path, config: str, every_stage: bool = False, **changes) -> dict:
     """Run `configs/<config>` in `d` at the tiny test sizes, with `changes` to its sections merged in, through every
     stage that plays or reads the environment: init (its warm start on the environment's expert), the held-out
     evaluation of iteration 0, and iteration 1's rollout, groups and advantages (the update, the next evaluation
-    and the report do the same for every environment, and the Sokoban runs test them). Returns the params
-    written; fails the test with Snakemake's log on error."""
+    and the report do the same for every environment, and the Sokoban runs test them); with `every_stage`, the
+    whole one-iteration run. Returns the params written; fails the test with Snakemake's log on error."""
     workflow_files(d)
     params = yaml.safe_load((ROOT / "configs" / config).read_text())
     tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
@@ -124,8 +124,9 @@ def run_env_config(d: Path, config: str, **changes) -> dict:
         params[section] = {**params.get(section, {}), **values}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     run = params["run"]["dir"]
-    r = subprocess.run([SNAKEMAKE, f"{run}/iter_0/eval_metrics.json", f"{run}/iter_1/advantages.parquet", "--cores",
-                        "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=1200)
+    targets = [] if every_stage else [f"{run}/iter_0/eval_metrics.json", f"{run}/iter_1/advantages.parquet"]
+    r = subprocess.run([SNAKEMAKE, *targets, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True,
+                       timeout=1200)
     if r.returncode != 0:
         pytest.fail(snakemake_failure(d, r))
     return params

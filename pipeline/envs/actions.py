@@ -4,12 +4,18 @@
 Of the response, only the first `<action>...</action>` tag counts; its content, trimmed, must be one of the
 admissible commands exactly (case preserved, so `click[Buy Now]` stays what it is), and anything else makes the
 turn invalid.
+
+An environment whose actions are free text in tags of their own (the search environment's `<search>` and
+`<answer>`) says so with an `ActionFormat` as its `action_format` attribute: the instruction the prompt gives, how
+an executed action is written back (in the prompt's history and the warm start's demonstrations), and whether
+the prompt lists the admissible commands.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 
@@ -28,3 +34,18 @@ def parse_action(response: str, admissible: Sequence[str]) -> str | None:
 
 def format_action(action: str | None) -> str:
     return f"<action>{action}</action>" if action is not None else "(invalid)"
+
+
+@dataclass(frozen=True)
+class ActionFormat:
+    instruction: str                              # the prompt's line that says how to answer
+    render: Callable[[str | None], str]           # an executed action (None: an invalid turn) as response text
+    list_admissible: bool = True                  # the prompt lists the admissible commands
+
+
+ACTION_TAG = ActionFormat("Answer with one admissible action as <action>...</action>.", format_action)
+
+
+def format_of(env) -> ActionFormat:
+    """The environment's action format: its `action_format`, or the action tag."""
+    return getattr(env, "action_format", ACTION_TAG)

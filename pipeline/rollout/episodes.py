@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipeline.envs.actions import format_of
 from pipeline.envs.base import Env, Observation, StepResult, make_env
 from pipeline.model.engines import HFSampler, VLLMSampler
 from pipeline.model.policy import encode_prompt, mix_seed
@@ -39,6 +40,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     `model` is a Hugging Face model or a sampler of `pipeline.model.engines`."""
     sample = model if isinstance(model, (HFSampler, VLLMSampler)) else HFSampler(model, tokenizer)
     envs = [make_env() for _ in specs]
+    fmt = format_of(envs[0]) if envs else None
     obs: list[Observation] = [env.reset(spec.task_id) for env, spec in zip(envs, specs)]
     history: list[list[tuple[str, str | None]]] = [[] for _ in specs]
     rows: list[dict] = []
@@ -48,7 +50,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
     started = time.perf_counter()
     while live:
         prompts = [build_prompt(envs[i].task_description(), history[i], obs[i].text, obs[i].admissible,
-                                history_turns) for i in live]
+                                history_turns, fmt) for i in live]
         prompt_ids = [encode_prompt(tokenizer, p) for p in prompts]
         seeds = [mix_seed(seed, specs[i].episode_id, turn) for i in live]
         gens = []

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.data.seeds import task_seed
-from pipeline.envs.actions import format_action
+from pipeline.envs.actions import format_of
 from pipeline.envs.base import has, make_env, require
 from pipeline.model.policy import encode_prompt, encode_response, pad_batch, token_logprobs
 from pipeline.model.precision import Stepper
@@ -49,6 +49,7 @@ def demonstrations(params, episodes: int, random_share: float, seed: int, stream
     rng = random.Random(task_seed(stream, seed, 0, 0))
     env = make_env(params.env)
     expert = has(env, "expert_actions")
+    fmt = format_of(env)
     if random_share < 1.0:
         require(env, "expert_actions", "the warm start (warmstart.random_action_share < 1)")
     pairs = []
@@ -62,9 +63,10 @@ def demonstrations(params, episodes: int, random_share: float, seed: int, stream
                 action = rng.choice(best)
             else:
                 action = rng.choice(admissible)
-            prompt = build_prompt(env.task_description(), history, text, admissible, params.prompt.history_turns)
-            response = format_action(action)
-            pairs.append((prompt, response, format_action(rng.choice(best)) if best else None))
+            prompt = build_prompt(env.task_description(), history, text, admissible, params.prompt.history_turns,
+                                  fmt)
+            response = fmt.render(action)
+            pairs.append((prompt, response, fmt.render(rng.choice(best)) if best else None))
             res = env.step(response)
             history.append((text, res.action))
             text, admissible = res.observation, res.admissible

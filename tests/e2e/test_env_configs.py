@@ -45,3 +45,22 @@ def test_tiny_webshop_configuration_end_to_end(tmp_path):
         "Admissible actions: [search[<your query>]]" in steps["prompt"][0]
     held_out = pl.read_parquet(run / "iter_0/eval.parquet")
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 4     # search, click, options, buy
+
+
+@pytest.mark.e2e
+def test_tiny_search_configuration_runs_every_stage(tmp_path):
+    params = run_env_config(tmp_path, "search.yaml", every_stage=True, credit={"method": "gigpo"},
+                            policy={"max_new_tokens": 16})
+    run = tmp_path / params["run"]["dir"]
+    import polars as pl
+
+    steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
+    prompt = steps["prompt"][0]
+    assert "Question: " in prompt and "<search>query</search>" in prompt and "Admissible actions" not in prompt
+    assert steps["anchor"][0].endswith("| retrieved: ")                  # nothing found yet at a first turn
+    held_out = pl.read_parquet(run / "iter_0/eval.parquet")
+    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 2           # a search, then the answer
+    assert (run / "iter_1/checkpoint").is_dir() and (run / "iter_1/eval_metrics.json").is_file()
+    assert (run / "report/report.html").is_file() or any((run / "report").iterdir())
+    assert len(list((tmp_path / "results/envs/search-index").iterdir())) == 1      # one index for every stage

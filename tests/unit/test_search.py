@@ -1,0 +1,369 @@
+"""The search environment (`env.name: search`): Search-R1's answer normalisation and HotpotQA's F1, BM25 scores by
+hand, both data formats and broken files refused with the file named, the oracle's distances through a 3-hop
+question, the expert on every question of a generated world, the anchor, and the prompt."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.config.params import ParamsError, load_params
+from pipeline.envs import search_world
+from pipeline.envs.base import make_env
+from pipeline.envs.search import (
+    SEARCH_FORMAT,
+    PlannedSearchEnv,
+    SearchConfig,
+    SearchEnv,
+    exact_match,
+    f1_score,
+    load_corpus,
+    make,
+    name_words,
+    normalize_answer,
+    parse_response,
+)
+from pipeline.envs.search_index import Retriever
+from pipeline.rollout.prompts import build_prompt
+
+# -- answers: Search-R1's normalisation (its qa_em.py) and HotpotQA's F1 -------------------------------------------
+
+
+def test_exact_match_normalises_as_search_r1():
+    assert normalize_answer("The  Beatles!") == "beatles"
+    assert normalize_answer("An Apple a day") == "apple day"
+    assert normalize_answer("U.S.A.") == "usa"
+    assert normalize_answer("Alabama theatre") == "alabama theatre"       # articles only as whole words
+    assert exact_match("the eiffel tower.", ["Eiffel Tower"]) == 1.0
+    assert exact_match("Eiffel", ["Eiffel Tower", "Paris"]) == 0.0
+    assert exact_match("  PARIS ", ["Eiffel Tower", "Paris"]) == 1.0           # any golden answer
+    assert exact_match("Paris, France", ["Paris"]) == 0.0
+
+
+def test_token_f1_as_hotpotqa():
+    # prediction tokens: eiffel tower in paris ("the" removed), golden: eiffel tower; precision 2/4, recall 1
+    assert f1_score("The Eiffel Tower in Paris", ["Eiffel Tower"]) == pytest.approx(2 * (2 / 4) * 1 / (2 / 4 + 1))
+    assert f1_score("Tower", ["Eiffel Tower", "Tower"]) == 1.0                 # the best over the answers
+    assert f1_score("yes", ["no"]) == 0.0 and f1_score("no", ["no"]) == 1.0
+    assert f1_score("yes it is", ["yes"]) == 0.0           # a yes/no answer scores only when matched exactly
+    assert f1_score("London", ["Paris"]) == 0.0
+
+
+def test_a_response_needs_exactly_one_non_empty_tag():
+    assert parse_response("I should look. <search> Lev   Arawend </search> then") == ("search", "Lev Arawend")
+    assert parse_response("<answer>Palmouth</answer>") == ("answer", "Palmouth")
+    assert parse_response("Palmouth") is None                                  # neither
+    assert parse_response("<search>a b</search><answer>c</answer>") is None     # both
+    assert parse_response("<answer>  </answer>") is None                       # empty
+    assert parse_response("<search>x</search> <search>y</search>") == ("search", "x")   # the first of one kind
+
+
+# -- BM25 by hand ---------------------------------------------------------------------------------------------------
+
+CORPUS = ["Tarn\nThe Tarn is a river.", "Elsen\nThe Elsen is a river longer than the Tarn.",
+          "Tarnholm\nTarnholm is a city.", "Tarn\nThe Tarn is a river."]
+
+
+def test_bm25_scores_and_order_by_hand():
+    # tokens after stop words: [tarn tarn river] (3), [elsen elsen river longer than tarn] (6), [tarnholm tarnholm
+    # city] (3), [tarn tarn river] (3); avgdl 15/4; "tarn" and "river" each in 3 of 4: idf ln(1 + 1.5/3.5)
+    idf = math.log(1 + 1.5 / 3.5)
+    short, long_ = 1.5 * (0.25 + 0.75 * 3 / 3.75), 1.5 * (0.25 + 0.75 * 6 / 3.75)
+    d0 = idf * (2 / (2 + short) + 1 / (1 + short))
+    d1 = idf * (1 / (1 + long_) + 1 / (1 + long_))
+    assert (d0, d1) == pytest.approx((0.374597, 0.224677), abs=1e-6)
+    r = Retriever(CORPUS)
+    assert r.scores("Tarn river").tolist() == pytest.approx([d0, d1, 0.0, d0], rel=1e-5)
+    assert r.search("Tarn river", 3) == (0, 3, 1)          # passage 0 and its copy tie: corpus order
+    assert r.search("Tarn river", 2) == (0, 3)
+    assert r.search("river river TARN", 3) == (0, 3, 1)      # case and repeats do not count
+    assert r.search("the city", 3) == (2,)                   # zero scores are not results
+    assert r.search("nothing known", 3) == ()
+
+
+def test_the_index_is_built_once_per_corpus_and_cached_on_disk(tmp_path):
+    from pipeline.envs.search_index import _cached
+
+    _cached.cache_clear()
+    a = Retriever.cached(CORPUS, tmp_path)
+    folders = list((tmp_path / "search-index").iterdir())
+    assert len(folders) == 1 and (folders[0] / "done.json").is_file()
+    _cached.cache_clear()
+    b = Retriever.cached(CORPUS, tmp_path)                  # a new process: read from disk
+    assert b is not a and b.search("Tarn river", 3) == (0, 3, 1)
+    Retriever.cached(CORPUS[:3], tmp_path)
+    assert len(list((tmp_path / "search-index").iterdir())) == 2    # another corpus, another index
+
+
+# -- data formats ---------------------------------------------------------------------------------------------------
+
+WORLD = [  # a 3-hop chain: film -> company -> founder -> (answer: birthplace), with namesakes
+    {"id": "f1", "contents": '"The Oribraes"\nThe Oribraes is a 1990 film made by Velmor Pictures.'},
+    {"id": "c1", "contents": '"Velmor Pictures"\nVelmor Pictures is a film company founded by Ada Tarsk.'},
+    {"id": "p1", "contents": '"Ada Tarsk"\nAda Tarsk is a poet born in Palmouth.'},
+    {"id": "p2", "contents": '"Ida Tarsk"\nIda Tarsk is a painter born in Stouton.'},
+    {"id": "x1", "contents": '"Palmouth"\nPalmouth is a city in Elsaria.'},
+]
+QUESTION = {"id": "q0", "question": "In which city was the founder of the company that made The Oribraes born?",
+            "golden_answers": ["Palmouth"], "plan": [{"id": "f1", "name": "The Oribraes"},
+                                                     {"id": "c1", "name": "Velmor Pictures"},
+                                                     {"id": "p1", "name": "Ada Tarsk"}]}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def search_r1_folder(tmp_path, plan=True, test_parquet=False):
+    d = tmp_path / "sr1"
+    d.mkdir()
+    write_jsonl(d / "corpus.jsonl", WORLD)
+    q = QUESTION if plan else {k: v for k, v in QUESTION.items() if k != "plan"}
+    write_jsonl(d / "train.jsonl", [q])
+    if test_parquet:
+        pq.write_table(pa.Table.from_pylist([{"question": "Who founded Velmor Pictures?",
+                                              "golden_answers": ["Ada Tarsk", "A. Tarsk"]}]), d / "test.parquet")
+    else:
+        write_jsonl(d / "test.jsonl", [q])
+    return d
+
+
+def env_on(folder, tmp_path, **search) -> SearchEnv:
+    cfg = SearchConfig(data_path=str(folder), search=search)
+    return make(cfg, tmp_path / "cache")
+
+
+def train_task() -> int:
+    from pipeline.data.seeds import task_seed
+
+    return task_seed("train", 0, 1, 0)
+
+
+def test_a_3_hop_questions_oracle_distance_at_each_turn(tmp_path):
+    env = env_on(search_r1_folder(tmp_path), tmp_path, top_k=1)
+    assert isinstance(env, PlannedSearchEnv)
+    env.reset(train_task())
+    assert env.oracle_distance() == 4                         # 3 passages to find, then the answer
+    assert env.step("<search>Ada Tarsk</search>").action_valid and env.oracle_distance() == 3   # out of order
+    env.step("<search>Ida Tarsk</search>")
+    assert env.oracle_distance() == 3                         # a namesake: nothing of the plan
+    env.step("no tag at all")
+    assert env.oracle_distance() == 3
+    env.step("<search>The Oribraes</search>")
+    assert env.oracle_distance() == 2
+    r = env.step("<search>Velmor Pictures</search>")
+    assert env.oracle_distance() == 1 and r.truncated         # the 5th turn: max_turns
+
+
+def test_the_episode_ends_on_an_answer_with_em_reward_and_f1_score(tmp_path):
+    env = env_on(search_r1_folder(tmp_path), tmp_path)
+    env.reset(train_task())
+    r = env.step("It must be <answer>the palmouth</answer>.")
+    assert (r.reward, r.success, r.terminated, r.action) == (1.0, True, True, "<answer>the palmouth</answer>")
+    assert env.oracle_distance() == 0 and env.task_score() == 1.0
+    env.reset(train_task())
+    r = env.step("<answer>Palmouth in Elsaria</answer>")
+    assert (r.reward, r.success, r.terminated) == (0.0, False, True)
+    assert env.oracle_distance() == math.inf and env.task_score() == pytest.approx(0.5)   # P 1/3, R 1
+
+
+def test_search_r1_files_load_and_play_with_em_by_hand(tmp_path):
+    env = env_on(search_r1_folder(tmp_path, plan=False, test_parquet=True), tmp_path, top_k=2, passage_chars=30)
+    assert type(env) is SearchEnv and not hasattr(env, "oracle_distance")    # no plan: no oracle, no expert
+    from pipeline.data.seeds import task_seed
+
+    obs = env.reset(task_seed("eval", 0, 0, 0))
+    assert env.task_description().endswith("Question: Who founded Velmor Pictures?")
+    assert obs.text == "(nothing searched yet)" and obs.anchor.endswith("| retrieved: ")
+    r = env.step("<search>Velmor Pictures</search>")
+    # "velmor" and "pictures" are in passages 0 and 1; passage 1 holds each twice and is as long: it ranks first
+    assert r.observation == ("<information>Doc 1 (Title: Velmor Pictures) Velmor Pictures is a film...\n"
+                             "Doc 2 (Title: The Oribraes) The Oribraes is a 1990 film...</information>")
+    assert r.anchor.endswith("| retrieved: 0,1") and r.reward == 0 and not r.terminated
+    assert env.step("<answer>A. Tarsk</answer>").reward == 1.0     # the second golden answer
+
+
+def test_hotpotqa_files_build_the_corpus_from_contexts(tmp_path):
+    d = tmp_path / "hotpot"
+    d.mkdir()
+    record = {"_id": "a", "question": "Which city was Ada Tarsk born in?", "answer": "Palmouth", "type": "bridge",
+              "supporting_facts": [["Ada Tarsk", 0], ["Ada Tarsk", 1], ["Palmouth", 0]],
+              "context": [["Ada Tarsk", ["Ada Tarsk is a poet.", " She was born in Palmouth."]],
+                          ["Palmouth", ["Palmouth is a city."]], ["Stouton", ["Stouton is a town."]]]}
+    other = {**record, "question": "Is Stouton a town?", "answer": "yes", "supporting_facts": [["Stouton", 0]],
+             "context": [["Stouton", ["Stouton is a town."]], ["Elsen", ["The Elsen is a river."]]]}
+    (d / "hotpot_train_v1.1.json").write_text(json.dumps([record]))
+    (d / "dev.json").write_text(json.dumps([other]))
+    c = load_corpus(str(d))
+    assert c.titles == ("Ada Tarsk", "Palmouth", "Stouton", "Elsen")          # one passage per title
+    assert c.texts[0] == "Ada Tarsk is a poet. She was born in Palmouth."
+    assert c.train[0].plan == ((0, "Ada Tarsk"), (1, "Palmouth")) and c.test[0].answers == ("yes",)
+    env = env_on(d, tmp_path)
+    env.reset(train_task())
+    assert env.oracle_distance() == 3 and env.expert_actions() == ["<search>Ada Tarsk</search>"]
+
+
+@pytest.mark.parametrize("breakage, fragment", [
+    ("no corpus", "holds neither Search-R1's corpus.jsonl"),
+    ("no test", "no test.jsonl, test.parquet or dev.*"),
+    ("corpus field", "corpus.jsonl: line 1 has no field 'contents'"),
+    ("question field", "train.jsonl: line 1 has no field 'golden_answers'"),
+    ("not json", "test.jsonl: line 1 is not JSON"),
+    ("parquet column", "test.parquet: no column 'golden_answers'"),
+])
+def test_broken_files_are_refused_when_the_params_load(tmp_path, breakage, fragment):
+    d = search_r1_folder(tmp_path, test_parquet=breakage == "parquet column")
+    if breakage == "no corpus":
+        (d / "corpus.jsonl").unlink()
+    elif breakage == "no test":
+        (d / "test.jsonl").unlink()
+    elif breakage == "corpus field":
+        write_jsonl(d / "corpus.jsonl", [{"id": "f1", "text": "x"}])
+    elif breakage == "question field":
+        write_jsonl(d / "train.jsonl", [{"question": "q", "answers": ["a"]}])
+    elif breakage == "not json":
+        (d / "test.jsonl").write_text("{'question': 'single quotes'}\n")
+    else:
+        pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), d / "test.parquet")
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(d)}}))
+    with pytest.raises(ParamsError) as e:
+        load_params(p)
+    assert fragment in str(e.value) and "env.data_path" in str(e.value) and "Traceback" not in str(e.value)
+
+
+@pytest.mark.parametrize("breakage, fragment", [
+    ("plan id", "train.jsonl: line 1: plan names passage 'zz' that corpus.jsonl does not hold"),
+    ("answers", "train.jsonl: line 2: golden_answers must be a non-empty list of non-empty strings"),
+    ("hotpot context", "record 0: context must be [[title, [sentences]], ...]"),
+])
+def test_broken_records_beyond_the_first_are_refused_naming_the_line(tmp_path, breakage, fragment):
+    if breakage == "hotpot context":
+        d = tmp_path / "h"
+        d.mkdir()
+        (d / "train.json").write_text(json.dumps([{"question": "q", "answer": "a", "supporting_facts": [],
+                                                   "context": "not a list of pairs"}]))
+        (d / "dev.json").write_text("[]")
+    else:
+        d = search_r1_folder(tmp_path)
+        bad = {**QUESTION, "plan": [{"id": "zz", "name": "n"}]} if breakage == "plan id" else \
+            {**QUESTION, "golden_answers": []}
+        write_jsonl(d / "train.jsonl", [bad] if breakage == "plan id" else [QUESTION, bad])
+    load_corpus.cache_clear()
+    with pytest.raises(ValueError, match="env.data_path") as e:
+        load_corpus(str(d))
+    assert fragment in str(e.value)
+
+
+# -- the generated world ---------------------------------------------------------------------------------------------
+
+def test_the_shipped_world_regenerates_byte_for_byte(tmp_path):
+    search_world.write(tmp_path)
+    for name in search_world.FILES:
+        assert (tmp_path / name).read_bytes() == (search_world.OUT / name).read_bytes(), name
+
+
+def test_the_shipped_world_has_every_kind_of_question():
+    c = load_corpus(str(search_world.OUT))
+    assert len(c.titles) == 2034 and len(c.train) == 4453 and len(c.test) == 1109
+    every = {("bridge", 1), ("bridge", 2), ("bridge", 3), ("bridge", 4), ("comparison", 2)}
+    assert {(q.kind, q.hops) for q in c.test} == {(q.kind, q.hops) for q in c.train} == every
+    train_starts = {q.plan[0][0] for q in c.train}
+    assert not train_starts & {q.plan[0][0] for q in c.test}     # held-out questions start from unseen entities
+    surnames = [t.split()[-1] for t in c.titles if len(t.split()) == 2]
+    assert max(surnames.count(s) for s in set(surnames)) >= 5          # namesakes: distractors for a search
+
+
+def play_expert(env) -> tuple[int, float, bool]:
+    start, steps, r = env.oracle_distance(), 0, None
+    while actions := env.expert_actions():
+        before = env.oracle_distance()
+        r = env.step(actions[0])
+        steps += 1
+        assert env.oracle_distance() == before - 1, (env.question, actions)
+    return steps, start, r is not None and r.success
+
+
+def test_the_expert_answers_every_question_of_a_small_world_in_its_oracle_distance(tmp_path):
+    counts = {"country": 4, "city": 20, "river": 8, "university": 8, "person": 80, "company": 20, "film": 30}
+    corpus, train, test = search_world.generate(seed=7, counts=counts)
+    d = tmp_path / "small"
+    d.mkdir()
+    write_jsonl(d / "corpus.jsonl", corpus)
+    write_jsonl(d / "train.jsonl", search_world.followable(corpus, train))
+    write_jsonl(d / "test.jsonl", search_world.followable(corpus, test))
+    env = env_on(d, tmp_path)
+    n = 0
+    for questions, stream in ((env.corpus.train, "train"), (env.corpus.test, "eval")):
+        for q in questions:
+            env.question = q            # every question, not a sample of tasks
+            env.found, env.answer, env.turn = [], None, 0
+            steps, start, success = play_expert(env)
+            assert success and steps == start == len(q.plan) + 1
+            n += 1
+    assert n == len(env.corpus.train) + len(env.corpus.test) > 150
+
+
+def test_the_expert_answers_the_shipped_held_out_questions_in_their_oracle_distance(tmp_path):
+    from pipeline.data.seeds import task_seed
+
+    env = env_on(search_world.OUT, tmp_path)
+    hops = {}
+    for k in range(len(env.corpus.test)):
+        env.reset(task_seed("eval", 0, 0, k))
+        steps, start, success = play_expert(env)
+        assert success and steps == start
+        hops[env.question.hops] = hops.get(env.question.hops, 0) + 1
+    assert set(hops) == {1, 2, 3, 4}
+
+
+def test_the_anchor_is_the_set_of_passages_retrieved(tmp_path):
+    env = env_on(search_r1_folder(tmp_path), tmp_path, top_k=1)
+    a, b = [], []
+    for order, out in ((["Ada Tarsk", "The Oribraes"], a), (["The Oribraes", "Ada Tarsk", "Ada Tarsk"], b)):
+        out.append(env.reset(train_task()).anchor)
+        for query in order:
+            out.append(env.step(f"<search>{query}</search>").anchor)
+    assert a[-1] == b[-1] == f"{QUESTION['question']} | retrieved: 0,2"        # the same facts, any order
+    assert a[1] != b[1] and a[0] == b[0]
+
+
+def test_the_prompt_asks_for_the_tags_and_shows_earlier_searches_without_a_command_list(tmp_path):
+    env = env_on(search_r1_folder(tmp_path), tmp_path, top_k=1)
+    obs = env.reset(train_task())
+    r = env.step("<search>Ada Tarsk</search>")
+    p = build_prompt(env.task_description(), [(obs.text, r.action)], r.observation, r.admissible, 4, SEARCH_FORMAT)
+    assert p == ("Answer the question, searching as needed. Question: In which city was the founder of the company "
+                 "that made The Oribraes born?\n" + SEARCH_FORMAT.instruction + "\n"
+                 "Turn 1 state:\n(nothing searched yet)\nTurn 1 action: <search>Ada Tarsk</search>\n"
+                 "Turn 2 state:\n<information>Doc 1 (Title: Ada Tarsk) Ada Tarsk is a poet born in Palmouth."
+                 "</information>\nYour action:")
+
+
+def test_the_warm_start_demonstrates_tagged_searches_and_answers(tmp_path, monkeypatch):
+    from pipeline.config.params import Params
+    from pipeline.rollout.warmstart import demonstrations
+
+    monkeypatch.chdir(tmp_path)                      # the index's cache: results/envs of the working directory
+    p = Params(env={"name": "search"}, prompt={"history_turns": 4})
+    pairs = demonstrations(p, 30, 0.3, seed=0)
+    responses = [r for _, r, _ in pairs]
+    assert all(parse_response(r) is not None for r in responses)
+    assert {parse_response(r)[0] for r in responses} == {"search", "answer"}
+    optimal = [o for _, _, o in pairs if o is not None]
+    assert len(optimal) > 0.5 * len(pairs) and all(parse_response(o) for o in optimal)
+
+
+def test_the_tiny_tokenizer_gets_every_title_word_whole(tmp_path):
+    words = name_words(SearchConfig())
+    assert "Arawend" in words and "Pictures" in words and len(words) == len(set(words))
+    env = make_env(SearchConfig(), tmp_path)
+    assert isinstance(env, PlannedSearchEnv)
+    rng = random.Random(0)
+    assert rng.choice(env.reset(train_task()).admissible).startswith("<search>")
