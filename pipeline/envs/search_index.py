@@ -72,13 +72,12 @@ class Retriever:
         key = (query, k)
         if key not in self._memo:
             s = self.scores(query)
-            if k < len(s):
-                kth = np.partition(s, len(s) - k)[len(s) - k]
-                rows = np.flatnonzero(s >= kth)          # the top k and whatever ties the k-th
-            else:
-                rows = np.arange(len(s))
+            rows = np.flatnonzero(s > 0)                 # few passages hold a query's terms: select among them
+            if k < len(rows):
+                kth = np.partition(s[rows], len(rows) - k)[len(rows) - k]
+                rows = rows[s[rows] >= kth]              # the top k and whatever ties the k-th
             rows = rows[np.lexsort((rows, -s[rows]))][:k]
-            self._memo[key] = tuple(int(r) for r in rows if s[r] > 0)
+            self._memo[key] = tuple(int(r) for r in rows)
         return self._memo[key]
 
 

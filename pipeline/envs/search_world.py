@@ -230,7 +230,9 @@ def _questions(rng: random.Random, E: dict[str, list[dict]]):
                 n += 1
     for kind, (attr, template, larger) in COMPARE.items():
         for e in E[kind]:
-            other = rng.choice([x for x in E[kind] if x is not e and x[attr] != e[attr]])
+            other = e
+            while other is e or other[attr] == e[attr]:
+                other = rng.choice(E[kind])
             a, b = e, other                        # the question's first entity decides its split
             win = max((a, b), key=lambda x: x[attr] if larger else -x[attr])
             yield {"id": f"q{n}", "question": template.format(a["name"], b["name"]), "golden_answers": [win["name"]],

@@ -271,7 +271,7 @@ def test_the_shipped_world_regenerates_byte_for_byte(tmp_path):
 
 def test_the_shipped_world_has_every_kind_of_question():
     c = load_corpus(str(search_world.OUT))
-    assert len(c.titles) == 2034 and len(c.train) == 4453 and len(c.test) == 1109
+    assert len(c.titles) == 2034 and len(c.train) == 4454 and len(c.test) == 1109
     every = {("bridge", 1), ("bridge", 2), ("bridge", 3), ("bridge", 4), ("comparison", 2)}
     assert {(q.kind, q.hops) for q in c.test} == {(q.kind, q.hops) for q in c.train} == every
     train_starts = {q.plan[0][0] for q in c.train}
