@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -187,6 +189,43 @@ def test_search_r1_files_load_and_play_with_em_by_hand(tmp_path):
                              "Doc 2 (Title: The Oribraes) The Oribraes is a 1990 film...</information>")
     assert r.anchor.endswith("| retrieved: 0,1") and r.reward == 0 and not r.terminated
     assert env.step("<answer>A. Tarsk</answer>").reward == 1.0     # the second golden answer
+
+
+FLASHRAG = Path(__file__).resolve().parents[1] / "data" / "flashrag"
+
+
+def test_search_r1_files_the_project_did_not_write_load_and_play(tmp_path):
+    # FlashRAG's sample of Search-R1's wiki-18 corpus and its 17 Natural Questions (tests/data/flashrag/README.md);
+    # the questions serve as both splits, as for a user who has only a test set
+    d = tmp_path / "nq"
+    d.mkdir()
+    shutil.copy(FLASHRAG / "corpus.jsonl", d)
+    shutil.copy(FLASHRAG / "test.jsonl", d)
+    shutil.copy(FLASHRAG / "test.jsonl", d / "train.jsonl")
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(d)}}))
+    env = make_env(load_params(p).env, tmp_path / "cache")
+    assert type(env) is SearchEnv and len(env.corpus.titles) == 40 and len(env.corpus.test) == 17
+    from pipeline.data.seeds import task_seed
+
+    def em(k: int, answer: str) -> tuple[float, float]:
+        env.reset(task_seed("eval", 0, 0, k))
+        r = env.step(f"<answer>{answer}</answer>")
+        return r.reward, env.task_score()
+
+    env.reset(task_seed("eval", 0, 0, 0))
+    assert env.task_description().endswith("Question: who got the first nobel prize in physics")
+    r = env.step("<search>Pavia Cathedral</search>")
+    # the two passages titled Pavia Cathedral (rows 4 and 5) are the only ones that hold either word; row 4 holds
+    # "cathedral" twice
+    assert r.anchor.endswith("| retrieved: 4,5") and r.observation.count("(Title: Pavia Cathedral)") == 2
+    assert r.observation.startswith("<information>Doc 1 (Title: Pavia Cathedral) on March 17, 1989. The cathedral")
+    assert em(0, "Wilhelm Conrad Röntgen.") == (1.0, 1.0)      # golden: Wilhelm Conrad R\u00f6ntgen
+    assert em(0, "Röntgen") == (0.0, pytest.approx(2 * 1 * (1 / 3) / (1 + 1 / 3)))    # P 1, R 1/3: F1 0.5
+    assert em(6, "dai yongge") == (1.0, 1.0)                   # one of four golden answers
+    assert em(7, "February 1, 2018")[0] == 1.0                 # golden: February\u00a01,\u00a02018
+    assert em(8, "the Super Bowl LII")[0] == 1.0               # golden: "Super Bowl LII," (article, comma)
+    assert em(12, "291 episodes")[0] == 1.0 and em(12, "291 eps")[0] == 0.0
 
 
 def test_hotpotqa_files_build_the_corpus_from_contexts(tmp_path):
