@@ -4,16 +4,21 @@ engines, PPO, precision, AdamW and its state, the update's processes and FSDP. I
 import sys
 
 
-class _WithoutSklearn:
-    """Import hook: transformers' assisted-decoding module imports scikit-learn's metrics at import time whenever
-    scikit-learn is installed (mlflow installs it), about 0.9 s of every model stage's start on a small CPU; the
-    project never uses assisted decoding, so that module is told scikit-learn is absent. Costs nothing otherwise."""
+class _WithoutUnusedBackends:
+    """Import hook: two transformers modules import an optional package at import time whenever it is installed,
+    though the project never calls what needs it: assisted decoding imports scikit-learn's metrics (mlflow
+    installs scikit-learn; about 0.9 s of every model stage's start on a small CPU), and the object-detection
+    losses import SciPy's optimiser (about 0.3 s). Each module is told its package is absent as it is imported.
+    Costs nothing otherwise."""
 
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "transformers.generation.candidate_generator" and "transformers.utils" in sys.modules:
-            sys.modules["transformers.utils"].is_sklearn_available = lambda: False
+    ABSENT = {"transformers.generation.candidate_generator": "is_sklearn_available",
+              "transformers.loss.loss_for_object_detection": "is_scipy_available"}
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in cls.ABSENT and "transformers.utils" in sys.modules:
+            setattr(sys.modules["transformers.utils"], cls.ABSENT[name], lambda: False)
         return None     # the regular finders import the module
 
 
-sys.meta_path.insert(0, _WithoutSklearn)
+sys.meta_path.insert(0, _WithoutUnusedBackends)
