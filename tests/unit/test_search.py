@@ -10,6 +10,7 @@ import random
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -406,3 +407,39 @@ def test_the_tiny_tokenizer_gets_every_title_word_whole(tmp_path):
     assert isinstance(env, PlannedSearchEnv)
     rng = random.Random(0)
     assert rng.choice(env.reset(train_task()).admissible).startswith("<search>")
+
+
+def test_search_stats_by_hand(tmp_path, monkeypatch):
+    from bench.search_stats import iteration_stats
+    from pipeline.data.seeds import task_seed
+
+    monkeypatch.chdir(tmp_path)
+    env = make_env(SearchConfig(), tmp_path)
+    run = tmp_path / "run"
+    (run / "iter_0").mkdir(parents=True)
+    (run / "iter_1").mkdir()
+    t0, t1 = task_seed("eval", 0, 0, 0), task_seed("eval", 0, 0, 1)
+    q0, q1 = env.question_of(t0), env.question_of(t1)
+    pl.DataFrame({"task_id": [t0, t0, t1], "success": [True, False, True], "invalid_turns": [0, 1, 0],
+                  "episode_length": [2, 3, 3]}).write_parquet(run / "iter_0/eval.parquet")
+    # two episodes of one task group: the first searches twice and answers, the second searches once, writes one
+    # invalid turn and is truncated; their first turns share the empty anchor, and so do the two turns after a
+    # search that found the same passages
+    pl.DataFrame({"task_group": [0] * 6, "episode_id": [0, 0, 0, 1, 1, 1],
+                  "anchor": ["a", "b", "c", "a", "b", "b"],
+                  "action": ["<search>x</search>", "<search>y</search>", "<answer>z</answer>",
+                             "<search>x</search>", None, "<answer>w</answer>"],
+                  "action_valid": [True, True, True, True, False, True],
+                  "terminated": [False, False, True, False, False, True]}).write_parquet(run / "iter_1/steps.parquet")
+    stats, hops = iteration_stats(run, env)
+    row0, row1 = stats.row(0, named=True), stats.row(1, named=True)
+    assert row0["heldout_em"] == pytest.approx(2 / 3) and row0["heldout_well_formed"] == pytest.approx(1 - 1 / 8)
+    assert row1["searches_per_episode"] == 1.5 and row1["answered"] == 1.0
+    assert row1["train_well_formed"] == pytest.approx(5 / 6)
+    assert row1["turns_sharing_anchor"] == pytest.approx(5 / 6)      # a a b b b share; c is alone
+    got = {(r["kind"], r["hops"]): (r["episodes"], r["em"]) for r in hops.iter_rows(named=True)}
+    want = {}
+    for q, s in ((q0, 1.0), (q0, 0.0), (q1, 1.0)):
+        n, total = want.get((q.kind, q.hops), (0, 0.0))
+        want[(q.kind, q.hops)] = (n + 1, total + s)
+    assert got == {k: (n, pytest.approx(total / n)) for k, (n, total) in want.items()}
