@@ -304,6 +304,14 @@ def load_corpus(root: str) -> Corpus:
     return _search_r1(folder) if data_format(folder) == "search_r1" else _hotpotqa(folder)
 
 
+@lru_cache(maxsize=4)
+def retriever_of(root: str, cache_dir: str) -> Retriever:
+    """The corpus's BM25 index (title and text of each passage), once per process: every episode's environment
+    shares it."""
+    c = load_corpus(root)
+    return Retriever.cached([f"{t}\n{x}" for t, x in zip(c.titles, c.texts, strict=True)], Path(cache_dir))
+
+
 # -- answers ------------------------------------------------------------------------------------------------------
 
 
@@ -365,8 +373,7 @@ class SearchEnv:
     def __init__(self, cfg: SearchConfig, cache_dir: Path):
         self.cfg = cfg
         self.corpus = load_corpus(_root(cfg.data_path))
-        c = self.corpus
-        self.retriever = Retriever.cached([f"{t}\n{x}" for t, x in zip(c.titles, c.texts, strict=True)], cache_dir)
+        self.retriever = retriever_of(_root(cfg.data_path), str(cache_dir))
         self.question: Question | None = None
         self.found: list[int] = []        # corpus rows retrieved so far, in order
         self.text = NOTHING_YET
