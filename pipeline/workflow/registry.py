@@ -356,6 +356,19 @@ def _module_file(name: str) -> Path | None:
     return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
 
 
+def _statements(body):
+    """Every statement of `body`, nested ones too (functions, classes, branches, loops, with, try), and no
+    expression: imports are statements, and walking the expressions too cost most of a stage's start-up check."""
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(node, field, ()))
+        for handler in getattr(node, "handlers", ()):
+            yield from _statements(handler.body)
+        for case in getattr(node, "cases", ()):
+            yield from _statements(case.body)
+
+
 @cache
 def _imports(name: str) -> frozenset[str]:
     """The project modules `name` imports, anywhere in it (function-level imports too), with the packages they lie
@@ -366,7 +379,7 @@ def _imports(name: str) -> frozenset[str]:
     source = _module_file(name).read_text()
     if "pkgutil.iter_modules" in source:   # a registry that imports every module of its package
         whole.add(name if _module_file(name).name == "__init__.py" else name.rsplit(".", 1)[0])
-    for node in ast.walk(ast.parse(source)):
+    for node in _statements(ast.parse(source).body):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
