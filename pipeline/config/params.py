@@ -405,10 +405,9 @@ def missing_dependencies(params: Params) -> list[str]:
         problems.append("key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm "
                         "(docs/models.md, Rollout engines), or set rollout.engine: hf")
     spec = ENV_REGISTRY[params.env.name]
-    absent = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+    absent = spec.missing()
     if absent:
-        problems.append(f"key 'env.name': {spec.name} needs {spec.packages or ', '.join(absent)}, and "
-                        f"{', '.join(absent)} cannot be imported: install the project as the README says "
+        problems.append(f"key 'env.name': {spec.needs(absent)}: install the project as the README says "
                         "(README, The two commands)")
     return problems
 

@@ -21,6 +21,7 @@ Optional capabilities, present as methods where the environment has them (`has`,
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,22 @@ class EnvSpec:
     requires: tuple[str, ...] = ()
     packages: str = ""
 
+    def missing(self, by_import: bool = False) -> list[str]:
+        """The modules of `requires` this Python cannot find (`importlib.util.find_spec`: nothing imported, for the
+        params check), or, `by_import`, cannot import (a broken install too, when an environment is made)."""
+        if not by_import:
+            return [m for m in self.requires if importlib.util.find_spec(m) is None]
+        absent = []
+        for m in self.requires:
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                absent.append(m)
+        return absent
+
+    def needs(self, absent: list[str]) -> str:
+        return f"{self.name} needs {self.packages or ', '.join(absent)}, and {', '.join(absent)} cannot be imported"
+
 
 CACHE_DIR = "results/envs"   # files environments generate (games), shared by the stages of a run
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -114,12 +131,10 @@ def spec_of(cfg) -> EnvSpec:
 def make_env(cfg, cache_dir: str | Path = CACHE_DIR) -> Env:
     """The environment named by `cfg.name` (an `env` section); `cache_dir` holds files it generates (games)."""
     spec = spec_of(cfg)
-    for module in spec.requires:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ValueError(f"env.name {spec.name} needs {spec.packages or module} ({e}); install the project as "
-                             "the README says") from None
+    absent = spec.missing(by_import=True)
+    if absent:
+        raise ValueError(f"env.name {spec.needs(absent)}: install the project as the README says (README, The two "
+                         "commands)")
     return spec.make(cfg, Path(cache_dir))
 
 
