@@ -36,6 +36,7 @@ import html
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -372,8 +373,20 @@ def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list
     return "\n".join(parts)
 
 
-def build(folders: list[Path], out: Path, group_by: str = "credit.method",
-          baseline: str = "grpo") -> tuple[Path, pl.DataFrame, list[Run]]:
+@dataclass
+class Built:
+    report: Path
+    summary: pl.DataFrame
+    runs: list[Run]
+    curves: pl.DataFrame
+    verdicts: pl.DataFrame     # empty with one group
+
+    def __iter__(self):        # report, summary, runs = build(...)
+        return iter((self.report, self.summary, self.runs))
+
+
+def build(folders: list[Path], out: Path, group_by: str = "credit.method", baseline: str = "grpo") -> Built:
+    """The comparison page and its tables in `out`; returns them."""
 
     runs = [Run(f, group_by) for f in folders]
     for r in runs:          # folders of the same name (W/s0/grpo, W/s1/grpo): their parent tells them apart
@@ -424,7 +437,7 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method",
         (out / "compare_verdicts.csv").unlink(missing_ok=True)
     report = out / "report.html"
     write_text_atomic(report, page(runs, summary, vs, figures, verdict_section(verdict_table, panel)))
-    return report, summary, runs
+    return Built(report, summary, runs, cv, verdict_table)
 
 
 def log_mlflow(runs: list[Run], report: Path, summary: pl.DataFrame, cv: pl.DataFrame) -> str | None:
@@ -464,17 +477,16 @@ def main(argv=None) -> None:
                     "(a value of --group-by's key; default grpo, else the first group)")
     args = ap.parse_args(argv)
     try:
-        report, summary, runs = build(args.runs, args.out, args.group_by, args.baseline)
+        built = build(args.runs, args.out, args.group_by, args.baseline)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     with pl.Config(tbl_cols=20, tbl_width_chars=200, float_precision=3):
-        print(summary)
-    verdict_file = args.out / "compare_verdicts.csv"
-    if verdict_file.is_file():
-        print("\n".join(pl.read_csv(verdict_file)["sentence"].to_list()))
+        print(built.summary)
+    if built.verdicts.height:
+        print("\n".join(built.verdicts["sentence"].to_list()))
     if not args.no_mlflow:
-        log_mlflow(runs, report, summary, pl.read_csv(args.out / "compare_curves.csv"))
-    print(f"wrote {report}")
+        log_mlflow(built.runs, built.report, built.summary, built.curves)
+    print(f"wrote {built.report}")
 
 
 if __name__ == "__main__":
