@@ -45,7 +45,7 @@ import polars as pl
 from bench import log_run
 from bench.breakdown import collect
 from bench.learning import plot, summarise
-from bench.verdicts import compare_methods, task_success, verdict_frame
+from bench.verdicts import compare_methods, evaluated_iterations, task_success, verdict_frame
 from pipeline.config.params import load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.data.difficulty import success_by_difficulty
@@ -93,7 +93,7 @@ class Run:
         self.label = self.params.run.dir if path.is_file() else self.folder.name
 
     def iterations(self) -> list[int]:
-        return sorted(int(p.parent.name.split("_")[1]) for p in self.results.glob("iter_*/eval_metrics.json"))
+        return evaluated_iterations(self.results)
 
 
 def curves(runs: list[Run]) -> pl.DataFrame:

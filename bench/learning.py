@@ -217,9 +217,7 @@ def verdicts(work: Path, methods: list[str], seeds: list[int], baseline: str) ->
     tables = {}
     for m in methods:
         for s in seeds:
-            results = work / f"{m}_s{s}" / "results"
-            its = sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/eval.parquet"))
-            tables[(m, s)] = task_success(results, its)
+            tables[(m, s)] = task_success(work / f"{m}_s{s}" / "results")
     found, panel = compare_methods(tables, baseline)
     return verdict_frame(found), panel
 

@@ -130,9 +130,16 @@ def verdict(method: str, baseline: str, metric: str, per_task: list[np.ndarray],
                    float(d.mean()), lo, hi, p, n_power, word, sentence)
 
 
-def task_success(results: Path, iterations: list[int]) -> pl.DataFrame:
-    """Held-out success per task and iteration of a run (`iter_<i>/eval.parquet`): columns iteration, task_id,
-    success (the task's success rate over its episodes)."""
+def evaluated_iterations(results: Path) -> list[int]:
+    """The iterations of a run's folder that have a held-out evaluation (`iter_<i>/eval.parquet`), in order."""
+    return sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/eval.parquet"))
+
+
+def task_success(results: Path, iterations: list[int] | None = None) -> pl.DataFrame:
+    """Held-out success per task and iteration of a run (`iter_<i>/eval.parquet`; every evaluated iteration by
+    default): columns iteration, task_id, success (the task's success rate over its episodes)."""
+    if iterations is None:
+        iterations = evaluated_iterations(results)
     frames = [read_table(results / f"iter_{it}" / "eval.parquet", EVAL_EPISODES)
               .group_by("task_id").agg(pl.col("success").cast(pl.Float64).mean())
               .with_columns(pl.lit(it).alias("iteration")) for it in iterations]
