@@ -27,7 +27,8 @@ search for each name returns its passage, and no other passage of the plan, so e
 hop and the oracle's distance (hops not yet found, plus one for the answer) is the number of turns the expert
 takes. Held out (`test.jsonl`): every question about the last fifth of the films, people, rivers, companies and
 universities as a chain's first entity or a comparison's first, so held-out chains start from entities that no
-training question starts from.
+training question starts from. Both files are shuffled, so the first N held-out questions (what `evaluate.tasks`
+plays) mix every type and length.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import json
 import random
 import sys
 from pathlib import Path
+
+from pipeline.envs.search_index import Retriever
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "search"
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl")
@@ -136,6 +139,8 @@ def generate(seed: int = SEED, counts: dict[str, int] = COUNTS) -> tuple[list[di
     train, test = [], []
     for q in _questions(rng, E):
         (test if id(q.pop("start")) in held[q.pop("start_kind")] else train).append(q)
+    rng.shuffle(train)          # the first N held-out questions (evaluate.tasks) mix every type and length
+    rng.shuffle(test)
     return corpus, train, test
 
 
@@ -245,8 +250,6 @@ def _questions(rng: random.Random, E: dict[str, list[dict]]):
 def followable(corpus: list[dict], questions: list[dict], top_k: int = TOP_K) -> list[dict]:
     """The questions whose plan the expert follows at `top_k`: each hop's search (its name) returns its passage and
     none of the plan's later passages (so each search finds exactly one new hop)."""
-    from pipeline.envs.search_index import Retriever
-
     retriever = Retriever([d["contents"] for d in corpus])
     ids = [d["id"] for d in corpus]
     row = {pid: k for k, pid in enumerate(ids)}

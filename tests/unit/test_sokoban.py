@@ -144,8 +144,8 @@ def test_an_env_whose_engine_is_missing_names_the_packages():
     register(EnvSpec("ghost", object, lambda cfg, d: None, requires=("no_such_engine_module",),
                      packages="the ghost package"))
     try:
-        with pytest.raises(ValueError, match=r"env.name ghost needs the ghost package \(No module named "
-                                             r"'no_such_engine_module'\); install the project"):
+        with pytest.raises(ValueError, match=r"env.name ghost needs the ghost package, and no_such_engine_module "
+                                             r"cannot be imported: install the project"):
             make_env(type("Cfg", (), {"name": "ghost"})())
     finally:
         _REGISTRY.pop("ghost")
