@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +35,7 @@ from pydantic import Field, model_validator
 from pipeline.data.section import EnvSection
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import parse_action
-from pipeline.envs.base import EnvSpec, Observation, StepResult, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "alfworld" / "json_2.1.1"
 TASK_TYPES = {1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
@@ -68,7 +67,7 @@ class AlfWorldConfig(EnvSection):
 
 
 def _root(cfg: AlfWorldConfig) -> Path:
-    return Path(os.path.expandvars(cfg.data_path)).expanduser() if cfg.data_path else SHIPPED
+    return data_root(cfg.data_path, SHIPPED)
 
 
 @lru_cache(maxsize=16)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,11 @@ def spec_of(cfg) -> EnvSpec:
     if cfg.name not in specs:
         raise ValueError(f"env.name: unknown environment {cfg.name!r}; expected one of {sorted(specs)}")
     return specs[cfg.name]
+
+
+def data_root(data_path: str | None, shipped: Path) -> Path:
+    """An environment's `data_path` with `$VARS` and `~` expanded, or the data the project ships when it is null."""
+    return Path(os.path.expandvars(data_path)).expanduser() if data_path else shipped
 
 
 def make_env(cfg, cache_dir: str | Path = CACHE_DIR) -> Env:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import string
 from collections import Counter
@@ -47,13 +46,14 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import EnvSpec, Observation, StepResult, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
 from pipeline.envs.search_index import Retriever
 from pipeline.envs.search_world import OUT
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NOTHING_YET = "(nothing searched yet)"
+PUNCTUATION = frozenset(string.punctuation)
 HOTPOT_TRAIN = ("train.json", "hotpot_train_v1.1.json")
 HOTPOT_DEV = ("dev.json", "hotpot_dev_distractor_v1.json", "hotpot_dev_fullwiki_v1.json")
 
@@ -83,7 +83,7 @@ class SearchConfig(EnvSection):
 
 
 def _root(data_path: str | None) -> str:
-    return str(Path(os.path.expandvars(data_path)).expanduser()) if data_path else str(OUT)
+    return str(data_root(data_path, OUT))     # a string: the key of the loaders' caches
 
 
 # -- data ---------------------------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def retriever_of(root: str, cache_dir: str) -> Retriever:
 
 def normalize_answer(s: str) -> str:
     """Search-R1's (and SQuAD's) normalisation: lowercase, punctuation removed, articles removed, single spaces."""
-    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    s = "".join(ch for ch in s.lower() if ch not in PUNCTUATION)
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
 

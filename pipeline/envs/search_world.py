@@ -38,6 +38,7 @@ import random
 import sys
 from pathlib import Path
 
+from pipeline.data.tables import write_text_atomic
 from pipeline.envs.search_index import Retriever
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "search"
@@ -156,8 +157,9 @@ def _passage(e: dict) -> str:
         return (f"The {n} is a river of {e['country']['name']}, {e['length']:,} kilometres long. It flows through "
                 f"{e['city']['name']}.")
     if k == "person":
-        return (f"{n} (born {e['born']}) is {'an' if e['job'][0] in 'aeiou' else 'a'} {e['job']} born in {e['city']['name']}. {n.split()[0]} studied at "
-                f"{e['university']['name']}.")
+        article = "an" if e["job"][0] in "aeiou" else "a"
+        return (f"{n} (born {e['born']}) is {article} {e['job']} born in {e['city']['name']}. {n.split()[0]} studied "
+                f"at {e['university']['name']}.")
     if k == "university":
         return f"{n} is a university in {e['city']['name']}. It was founded in {e['founded']}."
     if k == "company":
@@ -269,11 +271,8 @@ def write(out: Path = OUT) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, rows in zip(FILES, contents, strict=True):
-        path = out / name
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        tmp.replace(path)
-        paths.append(path)
+        write_text_atomic(out / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        paths.append(out / name)
     return paths
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -44,7 +43,7 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import action_content
-from pipeline.envs.base import EnvSpec, Observation, StepResult, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
 from pipeline.envs.webshop_catalogue import FILES, OUT
 from pipeline.envs.webshop_reward import Purchase, Target, reward
 
@@ -73,7 +72,7 @@ class WebShopConfig(EnvSection):
 
 
 def _root(data_path: str | None) -> str:
-    return str(Path(os.path.expandvars(data_path)).expanduser()) if data_path else str(OUT)
+    return str(data_root(data_path, OUT))     # a string: the key of the loaders' caches
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import random
 import sys
 from pathlib import Path
 
+from pipeline.data.tables import write_text_atomic
+
 OUT = Path(__file__).resolve().parents[2] / "data" / "webshop"
 PER_TYPE = 20
 SEED = 2022
@@ -152,11 +154,8 @@ def write(out: Path = OUT) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, content in zip(FILES, generate(), strict=True):
-        path = out / name
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(content, indent=1) + "\n")
-        tmp.replace(path)
-        paths.append(path)
+        write_text_atomic(out / name, json.dumps(content, indent=1) + "\n")
+        paths.append(out / name)
     return paths
 
 
