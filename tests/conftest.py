@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,7 @@ def workflow_files(d: Path) -> None:
 
 
 def snakemake_failure(d: Path, r: subprocess.CompletedProcess) -> str:
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(d.glob("results/**/logs/*.log")))
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(d.glob("**/logs/*.log")))
     return f"snakemake failed in {d}:\n{r.stderr[-4000:]}\n{logs}"
 
 
@@ -191,30 +192,51 @@ def planned_jobs(d, params: str | None = None) -> set[str]:
             for name, it, shard in JOB.findall(r.stdout + r.stderr)}
 
 
+@dataclass(frozen=True)
+class MethodRun:
+    """One credit method's continuation of the shared GRPO run."""
+    folder: Path      # its workflow folder (Snakefile, params files)
+    params: Path      # the params file it ran with
+    results: Path     # its outputs (run.dir)
+    plan: set[str]    # the jobs Snakemake planned before it ran
+
+
+# GiGPO's run is also the side-by-side run of tests/e2e/test_runs.py: a second params file in the GRPO run's folder,
+# its own run.dir, linking the base's initial policy and first rollout (run.base), MLflow tracking on
+SIDE_BY_SIDE = "gigpo"
+
+
 @pytest.fixture(scope="session")
-def method_runs(grpo_run, tmp_path_factory):
-    dirs, plans = {}, {}
+def method_runs(grpo_run, tmp_path_factory) -> dict[str, MethodRun]:
+    runs, procs = {}, {}
     for m in SHARED_RUN_METHODS:
         d = tmp_path_factory.mktemp(f"method_{m}")
-        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-        params = yaml.safe_load((d / "params.yaml").read_text())
+        params = yaml.safe_load((grpo_run / "params.yaml").read_text())
         params["credit"] = {"method": m}
-        params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
-        (d / "params.yaml").write_text(yaml.safe_dump(params))
-        plans[m] = planned_jobs(d)
-        if m not in EVALUATED_METHOD_RUNS:     # GRPO's evaluation and report, which this run does not redo
-            shutil.rmtree(d / "results/report")
-            for f in d.glob("results/iter_[12]/eval*"):
-                f.unlink()
-        dirs[m] = d
-    procs = {m: subprocess.Popen([SNAKEMAKE, *([] if m in EVALUATED_METHOD_RUNS else [LAST_UPDATE]), "--cores", "1",
-                                  "--quiet"], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for m, d in dirs.items()}
+        if m == SIDE_BY_SIDE:
+            shutil.copytree(grpo_run, d, dirs_exist_ok=True, symlinks=True)
+            params["run"] = {"dir": "runs/gigpo", "base": {"params": "params.yaml", "through": 1}}
+            (d / "gigpo.yaml").write_text(yaml.safe_dump(params))
+            runs[m] = MethodRun(d, d / "gigpo.yaml", d / "runs/gigpo", planned_jobs(d, "gigpo.yaml"))
+            args = ["--config", "params=gigpo.yaml"]
+        else:
+            shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+            params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
+            (d / "params.yaml").write_text(yaml.safe_dump(params))
+            runs[m] = MethodRun(d, d / "params.yaml", d / "results", planned_jobs(d))
+            args = [] if m in EVALUATED_METHOD_RUNS else [LAST_UPDATE]
+            if m not in EVALUATED_METHOD_RUNS:     # GRPO's evaluation and report, which this run does not redo
+                shutil.rmtree(d / "results/report")
+                for f in d.glob("results/iter_[12]/eval*"):
+                    f.unlink()
+        procs[m] = subprocess.Popen([SNAKEMAKE, *args, "--cores", "1", "--quiet"], cwd=d, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
     for m, p in procs.items():
         out, err = p.communicate(timeout=1200)
         if p.returncode != 0:
-            pytest.fail(snakemake_failure(dirs[m], subprocess.CompletedProcess(p.args, p.returncode, out, err)))
-    return dirs, plans
+            pytest.fail(snakemake_failure(runs[m].folder,
+                                          subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    return runs
 
 
 # Synthetic batches for the learned step-reward models (the tests of the methods that have one).

@@ -120,7 +120,7 @@ def run_case(source: Path, work: Path, stage: str, table: str, case: str) -> str
 @pytest.fixture(scope="module")
 def oprl_run(method_runs, tmp_path_factory):
     d = tmp_path_factory.mktemp("bad_input_source")
-    shutil.copytree(method_runs[0]["oprl"], d, dirs_exist_ok=True,
+    shutil.copytree(method_runs["oprl"].folder, d, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", ".snakemake"))
     params = yaml.safe_load((d / "params.yaml").read_text())
     params["tracking"] = {"enabled": False}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def report(grpo_run, method_runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    runs = [grpo_run, method_runs[0]["gigpo"], method_runs[0]["oprl"]]
+    runs = [grpo_run, method_runs["gigpo"].params, method_runs["oprl"].folder]   # a folder or a params file
     path, summary, _ = compare.build(runs, out)
     return path, summary, out, runs
 
@@ -26,9 +26,9 @@ def test_the_report_summarises_each_method_from_its_own_files(report):
     path, summary, out, runs = report
     curves = pl.read_csv(out / "compare_curves.csv")
     assert sorted(summary["method"].to_list()) == ["gigpo", "grpo", "oprl"]
-    for run in runs:
-        name = compare.Run(run).method
-        final = pl.read_csv(run / "results/report/success_curve.csv").filter(pl.col("iteration") == 2)
+    for run in map(compare.Run, runs):
+        name = run.method
+        final = pl.read_csv(run.results / "report/success_curve.csv").filter(pl.col("iteration") == 2)
         row = summary.filter(pl.col("method") == name)
         assert row["final_mean"][0] == pytest.approx(final["success_rate"][0])
         assert curves.filter(pl.col("method") == name).height == 3          # iterations 0, 1, 2
@@ -38,10 +38,10 @@ def test_the_report_summarises_each_method_from_its_own_files(report):
     assert sorted(credit["iteration"].unique().to_list()) == [1, 2]
     # held-out success by solution length: its buckets add up to each evaluation's own metrics file
     dif = pl.read_csv(out / "compare_difficulty.csv")
-    for run in runs:
-        name = compare.Run(run).method
+    for run in map(compare.Run, runs):
+        name = run.method
         for it in (0, 1, 2):
-            m = json.loads((run / f"results/iter_{it}/eval_metrics.json").read_text())
+            m = json.loads((run.results / f"iter_{it}/eval_metrics.json").read_text())
             rows = dif.filter((pl.col("method") == name) & (pl.col("iteration") == it))
             assert rows["episodes"].sum() == m["episodes"]
             assert rows["successes"].sum() == round(m["success_rate"] * m["episodes"])
@@ -63,7 +63,8 @@ def test_every_plot_of_the_page_renders_in_chromium(report, tmp_path):
         assert f"<h2>{title}</h2>" in dom
 
 
-def test_the_report_is_logged_as_a_parent_run_with_a_child_per_run(report, tmp_path, monkeypatch):
+def test_the_report_is_logged_as_a_parent_run_with_a_child_per_run(report, grpo_run, method_runs, tmp_path,
+                                                                    monkeypatch):
     from mlflow import MlflowClient
 
     path, summary, out, runs = report
@@ -75,7 +76,9 @@ def test_the_report_is_logged_as_a_parent_run_with_a_child_per_run(report, tmp_p
     exp = client.get_experiment_by_name("creditrl-bench")
     children = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
     assert sorted(c.data.tags["creditrl.method"] for c in children) == ["gigpo", "grpo", "oprl"]
-    assert all(c.data.tags["creditrl.run_dir"].endswith("results") for c in children)
+    assert {c.data.tags["creditrl.method"]: c.data.tags["creditrl.run_dir"] for c in children} == {
+        "grpo": str(grpo_run / "results"), "gigpo": str(method_runs["gigpo"].results),
+        "oprl": str(method_runs["oprl"].folder / "results")}
     assert [a.path for a in client.list_artifacts(parent)] == ["report.html"]
 
 

@@ -15,7 +15,7 @@ LEARNED = ("oprl", "spa", "gae")   # the methods with a learned per-turn model
 @pytest.mark.e2e
 def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
     """At iteration 1 the PRM is a copy of the initial policy, which also played the rollouts (spec, OPRL)."""
-    d = method_runs[0]["oprl"]
+    d = method_runs["oprl"].folder
     r1 = tables.read_table(d / "results/iter_1/step_rewards.parquet", tables.STEP_REWARDS)
     assert r1.height > 0 and (r1["score"] == 0.0).all()
     r2 = tables.read_table(d / "results/iter_2/step_rewards.parquet", tables.STEP_REWARDS)
@@ -110,7 +110,7 @@ def test_lora_reward_models_are_adapters_on_the_initial_policy_and_a_rerun_fit_r
 
 @pytest.mark.e2e
 def test_spa_replay_keeps_recent_iterations(method_runs):
-    d = method_runs[0]["spa"]
+    d = method_runs["spa"].folder
     replay = tables.read_table(d / "results/iter_2/replay.parquet", REPLAY)
     steps1 = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     steps2 = tables.read_table(d / "results/iter_2/steps.parquet", tables.STEPS)

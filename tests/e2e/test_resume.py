@@ -138,7 +138,7 @@ def tree_bytes(results: Path) -> dict[str, bytes]:
 
 
 def test_killed_anywhere_the_run_resumes_to_identical_tables(grpo_run, method_runs, tmp_path):
-    reference = method_runs[0]["oprl"]
+    reference = method_runs["oprl"].folder
     d = tmp_path / "killed"
     d.mkdir()
     workflow_files(d)

@@ -3,13 +3,11 @@ and first rollout by linking them, computes only what its params change, leaves 
 apart in MLflow by its folder, method and seed."""
 
 import hashlib
-import shutil
 import subprocess
 
 import pytest
-import yaml
 
-from tests.conftest import SNAKEMAKE, planned_jobs, snakemake_failure
+from tests.conftest import SIDE_BY_SIDE, SNAKEMAKE
 
 pytestmark = pytest.mark.e2e
 
@@ -25,20 +23,10 @@ def digest(folder):
 
 
 @pytest.fixture(scope="module")
-def side_by_side(grpo_run, tmp_path_factory):
-    d = tmp_path_factory.mktemp("runs")
-    shutil.copytree(grpo_run, d, dirs_exist_ok=True, symlinks=True)
-    base_digest = digest(d / "results")
-    params = yaml.safe_load((d / "params.yaml").read_text())
-    params["run"] = {"dir": "runs/gigpo", "base": {"params": "params.yaml", "through": 1}}
-    params["credit"] = {"method": "gigpo"}
-    (d / "gigpo.yaml").write_text(yaml.safe_dump(params))
-    plan = planned_jobs(d, "gigpo.yaml")
-    r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet", "--config", "params=gigpo.yaml"], cwd=d,
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(snakemake_failure(d, r))
-    return d, plan, base_digest
+def side_by_side(grpo_run, method_runs):
+    """GiGPO's run of the shared method runs: `gigpo.yaml` beside the GRPO run's params in a copy of its folder."""
+    run = method_runs[SIDE_BY_SIDE]
+    return run.folder, run.plan, digest(grpo_run / "results")
 
 
 def test_the_second_run_plans_only_what_its_method_changes(side_by_side):
@@ -56,7 +44,7 @@ def test_reused_outputs_are_links_into_the_base_and_the_base_is_untouched(side_b
     own = d / "runs/gigpo/iter_1/advantages.parquet"
     assert own.is_file() and not own.is_symlink()
     assert (d / "runs/gigpo/report/success_curve.csv").is_file()
-    assert digest(d / "results") == base_digest
+    assert digest(d / "results") == base_digest        # the same bytes as the GRPO run it was copied from
     # the base is still complete and up to date for its own params
     r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n"], cwd=d, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr
