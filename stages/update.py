@@ -119,8 +119,9 @@ def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> lis
     """`log π_old` of every response token under the checkpoint the update starts from (the rollout's, or one step
     off-policy the proximal policy's)."""
     ctx.log(f"recomputing log pi_old for {len(turns.prompts)} turns")
-    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, ctx.params.update.minibatch_size,
-                           ctx.params.rollout.temperature, procs, ctx.log)
+    u = ctx.params.update
+    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, u.minibatch_size,
+                           ctx.params.rollout.temperature, procs, ctx.log, u.packing, u.micro_batch_tokens)
 
 
 def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
@@ -167,7 +168,7 @@ def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Proce
     model, _ = load_policy(checkpoint, p.policy.dtype, procs.device, train=True)
     ctx.log(f"log-probs of {len(turns.prompts)} turns under {checkpoint}")
     return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
-                           p.rollout.temperature, procs, ctx.log)
+                           p.rollout.temperature, procs, ctx.log, p.update.packing, p.update.micro_batch_tokens)
 
 
 def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], trace: list[float], tracker) -> None:

@@ -193,6 +193,12 @@ class UpdateConfig(Section):
     micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
                                          "gradients are accumulated over its micro-batches, with the same token-mean "
                                          "loss (memory, not maths; null: the whole minibatch at once)")
+    packing: Literal["none", "tree"] = Field("none", description="none: each micro-batch is a right-padded batch of "
+                                             "its turns; tree: one prefix tree of them, each distinct prefix computed "
+                                             "once, the same log-probs and gradient (pipeline/model/packing.py)")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a micro-batch holds at most this "
+                                           "many packed tokens (its turns sorted so that shared prefixes fall "
+                                           "together; a longer turn goes alone), instead of micro_batch_size turns")
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
                                          "pass instead of keeping them (less memory, about a third more compute)")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)

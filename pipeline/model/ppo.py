@@ -20,7 +20,7 @@ import torch
 
 from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
-from pipeline.model.policy import pad_batch, token_logprobs
+from pipeline.model.packing import micro_batches, response_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
@@ -58,31 +58,45 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
+def _batches(prompts, responses, batch_size: int, packing: str, max_tokens: int | None) -> list[list[int]]:
+    """The turns in forward passes: `batch_size` at a time in order, or with `packing` tree and `max_tokens`, prefix
+    trees of at most that many tokens (turns sorted so that shared prefixes fall together)."""
+    if packing == "tree" and max_tokens:
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+        return micro_batches(seqs, list(range(len(seqs))), max_tokens)
+    return [list(range(b, min(b + batch_size, len(prompts)))) for b in range(0, len(prompts), batch_size)]
+
+
 @torch.no_grad()
 def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                       batch_size: int, temperature: float = 1.0,
-                      progress: Callable[[str], None] | None = None) -> list[torch.Tensor]:
-    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn); a progress
-    line where `Ticker` says one is due (at most 30 s apart)."""
+                      progress: Callable[[str], None] | None = None, packing: str = "none",
+                      max_tokens: int | None = None) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under `model` at `temperature` (one 1-D tensor per turn, in the turns'
+    order), `batch_size` turns or (`packing` tree) `max_tokens` packed tokens a forward pass; a progress line where
+    `Ticker` says one is due (at most 30 s apart)."""
     model.eval()
-    out = []
+    out: list[torch.Tensor | None] = [None] * len(prompts)
     ticker = Ticker()
-    for b in range(0, len(prompts), batch_size):
-        if progress is not None and b and ticker.due(b):
-            progress(f"log-probs of {b}/{len(prompts)} turns, {ticker.rate(b):.2f} turns/s")
-        ids, _, resp = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
-        logp, _ = token_logprobs(model, ids, resp, temperature=temperature)
+    done = 0
+    for part in _batches(prompts, responses, batch_size, packing, max_tokens):
+        if progress is not None and done and ticker.due(done):
+            progress(f"log-probs of {done}/{len(prompts)} turns, {ticker.rate(done):.2f} turns/s")
+        logp, _, resp = response_logprobs(model, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
+                                          packing, temperature=temperature)
         logp = logp.cpu()
-        for i in range(logp.shape[0]):
-            out.append(logp[i][resp[i]])
+        for row, i in enumerate(part):
+            out[i] = logp[row][resp[row]]
+        done += len(part)
     return out
 
 
 def shared_logprobs(model, prompts, responses, pad_id: int, batch_size: int, temperature: float,
-                    procs: Processes, progress: Callable[[str], None] | None = None) -> list[torch.Tensor]:
+                    procs: Processes, progress: Callable[[str], None] | None = None, packing: str = "none",
+                    max_tokens: int | None = None) -> list[torch.Tensor]:
     """`sequence_logprobs` of every turn, each process computing its share and gathering the others'."""
     mine = sequence_logprobs(model, share(prompts, procs.rank, procs.world), share(responses, procs.rank, procs.world),
-                             pad_id, batch_size, temperature, progress)
+                             pad_id, batch_size, temperature, progress, packing, max_tokens)
     return gather_shares(mine, procs.world)
 
 
@@ -157,13 +171,11 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
     The loss is a token mean over the whole minibatch: each micro-batch's sums are divided by its tokens."""
     tokens = float(max(sum(len(turns.responses[i]) for i in idx), 1))
     sums = dict.fromkeys(STATS, 0.0)
-    micro = cfg.micro_batch_size or cfg.minibatch_size
-    mine = share(idx, rank, world)
-    rounds = math.ceil(len(mine) / micro)
-    if sharded:
-        rounds = max(math.ceil(len(share(idx, r, world)) / micro) for r in range(world))
-    for m in range(0, rounds * micro, micro):
-        part = mine[m: m + micro]
+    parts = [_micro(turns, share(idx, r, world), cfg) for r in range(world)]
+    mine = parts[rank]
+    rounds = max(map(len, parts)) if sharded else len(mine)
+    for m in range(rounds):
+        part = mine[m] if m < len(mine) else []
         idle = not part          # a sharded process with no turns left: a pass that adds nothing
         if idle:
             part = idx[:1]
@@ -177,11 +189,22 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
     return sums
 
 
+def _micro(turns: _Turns, mine: list[int], cfg) -> list[list[int]]:
+    """A process's share of a minibatch in micro-batches: `micro_batch_size` turns each in the minibatch's order,
+    or (`packing` tree with `micro_batch_tokens`) prefix trees of at most that many tokens."""
+    if cfg.packing == "tree" and cfg.micro_batch_tokens:
+        seqs = {i: list(turns.prompts[i]) + list(turns.responses[i]) for i in mine}
+        return micro_batches(seqs, mine, cfg.micro_batch_tokens)
+    micro = cfg.micro_batch_size or cfg.minibatch_size
+    return [mine[m: m + micro] for m in range(0, len(mine), micro)]
+
+
 def _micro_batch_loss(model, turns: _Turns, part: list[int], cfg, temperature: float, tokens: float,
                       where: str) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of the turns `part` (its sums over `tokens`, the minibatch's) and its statistics."""
-    ids, _, resp = pad_batch([turns.prompts[i] for i in part], [turns.responses[i] for i in part], turns.pad_id)
-    logp, entropy = token_logprobs(model, ids, resp, with_entropy=cfg.entropy_coef > 0, temperature=temperature)
+    logp, entropy, resp = response_logprobs(model, [turns.prompts[i] for i in part],
+                                            [turns.responses[i] for i in part], turns.pad_id, cfg.packing,
+                                            with_entropy=cfg.entropy_coef > 0, temperature=temperature)
     resp = resp.to(logp.device)
     old = torch.zeros_like(logp)
     old[resp] = torch.cat([turns.old_logps[i] for i in part]).to(logp.device)

@@ -1,0 +1,118 @@
+"""Benchmark: tree packing (`update.packing: tree`) against padded micro-batches, on a run's own turns.
+
+    python -m bench.packing --run results/smollm2-search --params configs/smollm2-search.yaml --iterations 1 2
+    python -m bench.packing ... --turns 16 --repeats 2 --micro-batch-tokens 2048
+
+Per iteration: the turns' prompt + response tokens, the tokens their prefix tree holds (the whole iteration as one
+tree, and the update's micro-batches: `micro_batch_size` turns of a shuffled minibatch, as the update draws them,
+against prefix trees of at most `micro_batch_tokens`), and the padded tokens a padded micro-batch computes. Then the
+update's work on one minibatch of `--turns` turns of the first iteration (drawn at random, as the update's are), side by side in this process, alternating:
+the PPO loss's forward and backward over the checkpoint (LoRA adapters where `policy.lora` is set, as the update
+trains), padded (`packing: none`, `micro_batch_size` turns a pass) against packed (`tree`, `micro_batch_tokens`), and
+the no-grad log-prob pass (log pi_old, the reference) likewise; the seconds of each and the ratio. Writes
+`OUT/packing_tokens.csv` and `OUT/packing_time.csv`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from pipeline.config.params import load_params, with_overrides
+from pipeline.data.batches import minibatches
+from pipeline.data.tables import STEPS, atomic_file, read_table
+from pipeline.model.packing import micro_batches, packed_tokens
+from pipeline.workflow.runs import run_folder
+
+
+def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budget: int, seed: int) -> dict:
+    seqs = [list(p) + list(r) for p, r in zip(turns["prompt_ids"].to_list(), turns["response_ids"].to_list())]
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
+    padded = plain = packed_micro = 0
+    tree_parts = []
+    for mb in minibatches(order, minibatch):
+        for m in range(0, len(mb), micro):
+            part = [seqs[i] for i in mb[m: m + micro]]
+            padded += len(part) * max(map(len, part))
+            plain += sum(map(len, part))
+            packed_micro += packed_tokens(part)
+        tree_parts += [[seqs[i] for i in p] for p in micro_batches(seqs, mb, budget)]
+    return {"iteration": it, "turns": len(seqs), "tokens": sum(map(len, seqs)), "padded_tokens": padded,
+            "tree_whole_iteration": packed_tokens(seqs), f"tree_micro_batches_of_{micro}": packed_micro,
+            f"tree_budget_{budget}": sum(packed_tokens(p) for p in tree_parts), "tree_micro_batches": len(tree_parts),
+            "reduction_whole": sum(map(len, seqs)) / packed_tokens(seqs),
+            "reduction_update": plain / sum(packed_tokens(p) for p in tree_parts)}
+
+
+def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budget: int) -> list[dict]:
+    from pipeline.model.policy import load_policy, with_lora
+    from pipeline.model.ppo import ppo_update, sequence_logprobs
+
+    pick = torch.randperm(turns.height, generator=torch.Generator().manual_seed(params.seed))[:n].tolist()
+    turns = turns[pick]                            # a minibatch as the update draws one: shuffled turns
+    prompts = turns["prompt_ids"].to_list()
+    responses = turns["response_ids"].to_list()
+    old = [torch.tensor(x, dtype=torch.float32) for x in turns["response_logprobs"].to_list()]
+    base, tok = load_policy(checkpoint, params.policy.dtype, train=True)
+    model = with_lora(base, params.policy.lora, seed=0) if params.policy.lora else base
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(trainable, lr=0.0)       # the same weights every repeat
+    u = params.update
+    variants = {"none": u.model_copy(update={"packing": "none", "minibatch_size": n}),
+                "tree": u.model_copy(update={"packing": "tree", "micro_batch_tokens": budget, "minibatch_size": n})}
+    rows = []
+    for r in range(repeats):
+        for name, cfg in variants.items():
+            t0 = time.perf_counter()
+            ppo_update(model, opt, prompts, responses, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2), old,
+                       cfg.model_copy(update={"epochs": 1}), tok.pad_token_id, seed=0)
+            t1 = time.perf_counter()
+            sequence_logprobs(model, prompts, responses, tok.pad_token_id, u.micro_batch_size or n,
+                              packing=name, max_tokens=budget)
+            t2 = time.perf_counter()
+            rows.append({"repeat": r, "packing": name, "turns": n, "update_s": t1 - t0, "logprobs_s": t2 - t1})
+            print(f"  repeat {r} {name}: update {t1 - t0:.1f} s, log-probs {t2 - t1:.1f} s", flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=None, help="the run's results folder (default: its params' run.dir)")
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--iterations", type=int, nargs="+", default=[1])
+    ap.add_argument("--turns", type=int, default=16, help="turns of the timed minibatch")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048)
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    params = with_overrides(load_params(args.params), args.set)
+    run = args.run or run_folder(params, args.params)
+    u = params.update
+    micro = u.micro_batch_size or u.minibatch_size
+    rows = []
+    for it in args.iterations:
+        turns = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
+        rows.append(token_rows(turns, it, u.minibatch_size, micro, args.micro_batch_tokens, params.seed))
+        print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with atomic_file(args.out / "packing_tokens.csv") as tmp:
+        pl.DataFrame(rows).write_csv(tmp)
+    first = read_table(run / f"iter_{args.iterations[0]}" / "steps.parquet", STEPS)
+    times = pl.DataFrame(timing(params, run / "iter_0" / "checkpoint", first, args.turns, args.repeats,
+                                args.micro_batch_tokens))
+    with atomic_file(args.out / "packing_time.csv") as tmp:
+        times.write_csv(tmp)
+    mean = times.group_by("packing").agg(pl.col("update_s").median(), pl.col("logprobs_s").median())
+    none, tree = (mean.filter(pl.col("packing") == k).row(0, named=True) for k in ("none", "tree"))
+    print(f"median of {args.repeats}: update {none['update_s']:.1f} s padded, {tree['update_s']:.1f} s packed "
+          f"({none['update_s'] / tree['update_s']:.2f}x); log-probs {none['logprobs_s']:.1f} s, "
+          f"{tree['logprobs_s']:.1f} s ({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Tree-packed sequences: the turns of a micro-batch as one prefix tree, each distinct prefix computed once
+(docs/architecture.md, Tree packing).
+
+The turns of an iteration share long prefixes: the system text and rules of every prompt, the state a task group
+starts in, the turns a step group shares. `pack` lays the prompt + response tokens of several turns out as the nodes
+of their prefix tree (a trie: one node per distinct prefix), in one row. Each node attends to its ancestors and
+itself only (a 4-D boolean mask) and sits at the position of its depth, so its hidden states, and every log-prob
+read from them, are those of the same tokens in their own unpacked sequence, up to floating-point summation order.
+
+`response_logprobs` returns the same right-padded [turns, width - 1] layout as `pad_batch` + `token_logprobs`,
+packed or not, so that the update, the warm start and the fits change only the call. Gradients flow through the
+shared nodes once, as the sum of what each turn would have sent: the same gradient.
+
+Memory: the mask is T x T booleans for T packed tokens (4 MiB at T = 2,048; SDPA may widen it to the compute dtype,
+16 MiB in fp32), beside activations that scale with T instead of the turns' total length; `micro_batches` sizes
+micro-batches by packed tokens (`update.micro_batch_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.model.policy import _accepts_logits_to_keep, _lm_class, pad_batch, token_logprobs
+from pipeline.model.precision import autocast
+
+__all__ = ["Packed", "micro_batches", "pack", "packed_tokens", "response_logprobs"]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One prefix tree of `n` sequences: `ids`, `positions` ([T]), `mask` ([T, T], row attends to column),
+    `paths[i]` the node of each token of sequence i (its length is the sequence's)."""
+    ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    paths: list[torch.Tensor]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def pack(sequences: list[list[int]]) -> Packed:
+    """The prefix tree of `sequences`: nodes in order of first appearance (a parent before its children), depth as
+    position, each node seeing its ancestors and itself."""
+    children: dict[tuple[int, int], int] = {}     # (parent node, token) -> node; the root is -1
+    tokens: list[int] = []
+    depth: list[int] = []
+    paths = []
+    for seq in sequences:
+        node, path = -1, []
+        for t, tok in enumerate(seq):
+            key = (node, int(tok))
+            nxt = children.get(key)
+            if nxt is None:
+                nxt = children[key] = len(tokens)
+                tokens.append(int(tok))
+                depth.append(t)
+            node = nxt
+            path.append(node)
+        paths.append(torch.tensor(path, dtype=torch.long))
+    n = len(tokens)
+    mask = torch.zeros((n, n), dtype=torch.bool)
+    for path in paths:              # along a path, token t sees tokens 0..t of the same path: its ancestors
+        length = len(path)
+        tril = torch.ones((length, length), dtype=torch.bool).tril()
+        mask[path.unsqueeze(1), path.unsqueeze(0)] |= tril
+    return Packed(torch.tensor(tokens, dtype=torch.long), torch.tensor(depth, dtype=torch.long), mask, paths)
+
+
+class _Trie:
+    """Distinct prefixes of the sequences added so far."""
+
+    def __init__(self):
+        self.nodes: dict[tuple[int, int], int] = {}     # (parent node, token) -> node; the root is -1
+
+    def new_nodes(self, seq) -> int:
+        """How many nodes `seq` would add."""
+        node = -1
+        for t, tok in enumerate(seq):
+            nxt = self.nodes.get((node, int(tok)))
+            if nxt is None:
+                return len(seq) - t
+            node = nxt
+        return 0
+
+    def add(self, seq) -> None:
+        node = -1
+        for tok in seq:
+            node = self.nodes.setdefault((node, int(tok)), len(self.nodes))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def packed_tokens(sequences) -> int:
+    """The number of distinct prefixes of `sequences`: the tokens their prefix tree holds."""
+    trie = _Trie()
+    for seq in sequences:
+        trie.add(seq)
+    return len(trie)
+
+
+def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int]]:
+    """`order` (indices into `sequences`, one minibatch) cut into micro-batches whose prefix trees hold at most
+    `max_tokens` tokens each (a single longer sequence makes a micro-batch of its own), the turns sorted by their
+    tokens first so that shared prefixes fall into the same micro-batch. Which micro-batch a turn lands in does not
+    change the minibatch's gradient (the loss is a sum over the minibatch's tokens)."""
+    out: list[list[int]] = []
+    part: list[int] = []
+    trie = _Trie()
+    for i in sorted(order, key=lambda j: list(sequences[j])):
+        if part and len(trie) + trie.new_nodes(sequences[i]) > max_tokens:
+            out.append(part)
+            part, trie = [], _Trie()
+        part.append(i)
+        trie.add(sequences[i])
+    if part:
+        out.append(part)
+    return out
+
+
+def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                      packing: str = "none", with_entropy: bool = False, temperature: float = 1.0):
+    """(log-probs [B, W-1], entropies or None, response mask [B, W-1]) of each turn's response tokens under `model`
+    at `temperature`, in `pad_batch`'s right-padded layout (only the cells of the response mask are meaningful), computed on the padded batch
+    (`packing: none`) or on its prefix tree (`tree`)."""
+    ids, _, resp = pad_batch(prompts, responses, pad_id)
+    if packing == "none":
+        logp, entropy = token_logprobs(model, ids, resp, with_entropy=with_entropy, temperature=temperature)
+        return logp, entropy, resp
+    if packing != "tree":
+        raise ValueError(f"packing: {packing!r}; expected 'none' or 'tree'")
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    tree = pack(seqs)
+    device = next(model.parameters()).device
+    # the rows whose next-token distribution some response token is read from
+    reads = [(i, t) for i, (p, s) in enumerate(zip(prompts, seqs)) for t in range(len(p) - 1, len(s) - 1)]
+    rows = torch.stack([tree.paths[i][t] for i, t in reads]) if reads else torch.zeros(0, dtype=torch.long)
+    keep, where = torch.unique(rows, return_inverse=True)
+    kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device),
+              "attention_mask": tree.mask[None, None].to(device)}
+    with autocast(model):
+        if _accepts_logits_to_keep(_lm_class(model)):
+            logits = model(**kwargs, logits_to_keep=keep.to(device)).logits[0].float()
+        else:
+            logits = model(**kwargs).logits[0][keep.to(device)].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    nxt = torch.tensor([seqs[i][t + 1] for i, t in reads], dtype=torch.long, device=device)
+    where = where.to(device)
+    picked = logp_all[where].gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+    width = ids.shape[1] - 1
+    flat = resp.reshape(-1).nonzero().squeeze(1).to(device)    # pad_batch's response cells, row by row, in order
+    logp = picked.new_zeros(len(seqs) * width).index_put((flat,), picked).view(len(seqs), width)
+    entropy = None
+    if with_entropy:
+        ent_rows = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = ent_rows.new_zeros(len(seqs) * width).index_put((flat,), ent_rows[where]).view(len(seqs), width)
+    return logp, entropy, resp

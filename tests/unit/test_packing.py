@@ -1,0 +1,121 @@
+"""Tree packing (`update.packing: tree`, pipeline/model/packing.py): a micro-batch's turns as one prefix tree give
+every response token the log-prob it has in its own sequence, and the update the same weights."""
+
+import pytest
+import torch
+
+from pipeline.config.params import TinyModelConfig, UpdateConfig
+from pipeline.data.section import LoraSettings
+from pipeline.model.packing import micro_batches, pack, packed_tokens, response_logprobs
+from pipeline.model.policy import build_tiny_model, with_lora
+from pipeline.model.ppo import ppo_update, sequence_logprobs
+from tests.conftest import PAD, tiny_llama
+
+
+def test_three_turns_sharing_a_prefix_pack_into_their_tree_by_hand():
+    # a: 1 2 3 4 | b: 1 2 5 | c: 1 2 3 6 7 -> nodes 1 2 3 4 5 6 7 (12 tokens in 7)
+    tree = pack([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]])
+    assert tree.ids.tolist() == [1, 2, 3, 4, 5, 6, 7] and tree.tokens == 7
+    assert tree.positions.tolist() == [0, 1, 2, 3, 2, 3, 4]
+    assert [p.tolist() for p in tree.paths] == [[0, 1, 2, 3], [0, 1, 4], [0, 1, 2, 5, 6]]
+    assert tree.mask.int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],     # 4 sees 1 2 3, not 5 6 7
+        [1, 1, 0, 0, 1, 0, 0],     # 5 (b's) sees 1 2 only
+        [1, 1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 1]]
+    assert packed_tokens([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]]) == 7
+    assert packed_tokens([[1, 2], [1, 2]]) == 2 and packed_tokens([[1, 2], [2, 1]]) == 4
+
+
+def test_micro_batches_hold_at_most_the_token_budget_and_put_shared_prefixes_together():
+    seqs = [[1, 2, 3], [9, 8], [1, 2, 4], [9, 7], [5, 5, 5, 5, 5]]
+    # sorted: [1 2 3], [1 2 4], [5 5 5 5 5], [9 7], [9 8]; trees of at most 4 tokens; the 5-token turn goes alone
+    assert micro_batches(seqs, [0, 1, 2, 3, 4], 4) == [[0, 2], [4], [3, 1]]
+    assert micro_batches(seqs, [1, 3], 2) == [[3], [1]]          # 9 7 and 9 8 share only the 9: 3 tokens
+    assert micro_batches(seqs, [1, 3], 3) == [[3, 1]]
+
+
+def shared_turns(n=12, seed=1):
+    """Turns as an iteration has them: one system prefix, task groups that start in the same state, and episodes of
+    a group that repeat each other's turns."""
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(1, 40, (6,), generator=g).tolist()
+    states = [torch.randint(1, 40, (3 + k,), generator=g).tolist() for k in range(3)]
+    prompts, responses = [], []
+    for k in range(n):
+        prompts.append(system + states[k % 3] + ([] if k < 6 else torch.randint(1, 40, (2,), generator=g).tolist()))
+        responses.append(torch.randint(1, 40, (1 + k % 3,), generator=g).tolist() if k % 4 else [7, 7])
+    return prompts, responses, [1.5, -1.0, 0.5, -2.0, 1.0, 0.25] * (n // 6)
+
+
+@pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model"])
+def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, tokenizer):
+    if model == "project's tiny model":
+        m = build_tiny_model(tokenizer, TinyModelConfig(), seed=0)
+    else:
+        m = tiny_llama(seed=2)
+        if "lora" in model:
+            m = with_lora(m, LoraSettings(r=4, alpha=8), seed=0)
+            for name, w in m.named_parameters():     # B = 0 would hide the adapter: give it weights
+                if "lora_B" in name:
+                    torch.nn.init.normal_(w, std=0.5)
+    prompts, responses, _ = shared_turns()
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    assert packed_tokens(seqs) < 0.6 * sum(map(len, seqs))
+    for temperature in (1.0, 0.7):
+        plain, plain_h, mask = response_logprobs(m, prompts, responses, PAD, "none", True, temperature)
+        tree, tree_h, tree_mask = response_logprobs(m, prompts, responses, PAD, "tree", True, temperature)
+        assert torch.equal(mask, tree_mask) and int(mask.sum()) == sum(map(len, responses))
+        assert (plain[mask] - tree[mask]).abs().max() < 1e-5
+        assert (plain_h[mask] - tree_h[mask]).abs().max() < 1e-5
+        assert plain[mask].abs().min() > 0.1           # real log-probs were compared, not zeros
+
+
+def train(model, **update):
+    prompts, responses, adv = shared_turns()
+    old = sequence_logprobs(model, prompts, responses, PAD, 4)
+    # one SGD step (12 turns, one minibatch) large enough that the change stands far above fp32's rounding of the
+    # weights (AdamW would blow float noise in near-zero gradient entries up to full-size steps)
+    cfg = UpdateConfig(lr=50.0, epochs=1, minibatch_size=12, **update)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=cfg.lr)
+    stats = ppo_update(model, opt, prompts, responses, adv, old, cfg, PAD, seed=0)
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, stats
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_one_update_step_changes_the_weights_alike_packed_or_not(lora):
+    def fresh():
+        m = tiny_llama(seed=3)
+        return with_lora(m, LoraSettings(r=4, alpha=8), seed=0) if lora else m
+
+    init = dict(fresh().named_parameters())
+    ref, ref_stats = train(fresh(), micro_batch_size=4)
+    # regrouped: prefix trees of at most 40 tokens, so the 12 turns fall into other micro-batches than 4 at a time
+    packed, stats = train(fresh(), packing="tree", micro_batch_tokens=40)
+    moved = 0
+    for name, w in ref.items():
+        change, packed_change = w - init[name], packed[name] - init[name]
+        scale = float(change.abs().max().detach())
+        if scale > 0:
+            moved += 1
+            assert float((packed_change - change).abs().max().detach()) <= 1e-5 * scale, name
+        else:
+            assert float(packed_change.abs().max().detach()) == 0.0, name
+    assert moved > (2 if lora else 5)
+    for k in ("loss", "pg_loss", "clipfrac", "approx_kl"):
+        assert stats[k] == pytest.approx(ref_stats[k], abs=1e-6), k
+
+
+def test_the_tree_micro_batches_of_the_update_regroup_turns():
+    from pipeline.model.ppo import _micro, _Turns
+
+    prompts, responses, adv = shared_turns()
+    turns = _Turns(prompts, responses, adv, [], None, PAD)
+    cfg = UpdateConfig(minibatch_size=12, packing="tree", micro_batch_tokens=40)
+    parts = _micro(turns, list(range(12)), cfg)
+    assert sorted(i for p in parts for i in p) == list(range(12)) and len(parts) > 1
+    assert all(packed_tokens([prompts[i] + responses[i] for i in p]) <= 40 for p in parts)
+    assert parts != [list(range(k, min(k + len(parts[0]), 12))) for k in range(0, 12, len(parts[0]))]
