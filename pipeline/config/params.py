@@ -195,7 +195,7 @@ class UpdateConfig(Section):
                                          "loss (memory, not maths; null: the whole minibatch at once)")
     packing: Literal["none", "tree"] = Field("none", description="none: each micro-batch is a right-padded batch of "
                                              "its turns; tree: one prefix tree of them, each distinct prefix computed "
-                                             "once, the same log-probs and gradient (pipeline/model/packing.py)")
+                                             "once, the same log-probs and gradient (docs/models.md, Tree packing)")
     micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a micro-batch holds at most this "
                                            "many packed tokens (its turns sorted so that shared prefixes fall "
                                            "together; a longer turn goes alone), instead of micro_batch_size turns")

@@ -1,5 +1,5 @@
 """Tree-packed sequences: the turns of a micro-batch as one prefix tree, each distinct prefix computed once
-(docs/architecture.md, Tree packing).
+(docs/models.md, Tree packing).
 
 The turns of an iteration share long prefixes: the system text and rules of every prompt, the state a task group
 starts in, the turns a step group shares. `pack` lays the prompt + response tokens of several turns out as the nodes
