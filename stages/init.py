@@ -76,7 +76,7 @@ def warm_start(ctx, model, tokenizer, tracker):
     if w.lora is not None:
         model = with_lora(model, w.lora, seed=seed)
     losses = supervised_warmstart(model, tokenizer, pairs, steps, w.batch_size, w.lr_for(p.policy), seed,
-                                  clean_steps=w.clean_steps, progress=ctx.log)
+                                  clean_steps=w.clean_steps, progress=ctx.log, packing=w.packing)
     if w.lora is not None:
         model = model.merge_and_unload()
     metrics["demonstration_turns"] = float(len(pairs))

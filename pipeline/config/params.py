@@ -116,6 +116,8 @@ class WarmstartConfig(Section):
                              "decay); null: 2e-3 for the tiny default, 1e-5 for a model from policy.path")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters in the warm start and merge them into "
                                       "iteration 0's checkpoint (null: full fine-tuning)")
+    packing: Literal["none", "tree"] = Field("none", description="tree: each step's batch as one prefix tree, "
+                                             "the same loss and gradient (docs/models.md, Tree packing)")
 
     def steps_for(self, policy: PolicyConfig) -> int:
         return self.steps if self.steps is not None else (800 if policy.path is None else 0)

@@ -24,7 +24,8 @@ import torch
 from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_of
 from pipeline.envs.base import has, make_env, require
-from pipeline.model.policy import encode_prompt, encode_response, pad_batch, token_logprobs
+from pipeline.model.packing import response_logprobs
+from pipeline.model.policy import encode_prompt, encode_response
 from pipeline.model.precision import Stepper
 from pipeline.progress import Ticker
 from pipeline.rollout.prompts import build_prompt
@@ -85,11 +86,12 @@ def tokenizer_corpus(params, seed: int) -> list[str]:
 
 def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
                          lr: float, seed: int, clean_steps: int = 0,
-                         progress: Callable[[str], None] | None = None) -> list[float]:
+                         progress: Callable[[str], None] | None = None, packing: str = "none") -> list[float]:
     """Cross-entropy on the response tokens (EOS included; the prompt goes through the model's chat template, as
     in rollouts): the first `clean_steps` steps on the optimal labels, the rest on the executed (mixed) ones. Only
     the parameters that require gradients train (LoRA adapters, when the model carries them). Progress lines every
-    50 steps or 30 s. Returns the loss of every step."""
+    50 steps or 30 s. `packing` tree: each batch as one prefix tree (`pipeline.model.packing`). Returns the loss of
+    every step."""
     if steps == 0 or not demos:
         return []
     gen = torch.Generator().manual_seed(seed)
@@ -106,9 +108,8 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     for step in range(steps):
         encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
-        ids, _, resp = pad_batch([encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
-                                 tokenizer.pad_token_id)
-        logp, _ = token_logprobs(model, ids, resp)
+        logp, _, resp = response_logprobs(model, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
+                                          tokenizer.pad_token_id, packing)
         resp = resp.to(logp.device)
         loss = -(logp * resp).sum() / resp.sum()
         opt.zero_grad(set_to_none=True)

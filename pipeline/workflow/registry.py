@@ -361,8 +361,8 @@ def _statements(body):
     expression: imports are statements, and walking the expressions too cost most of a stage's start-up check."""
     for node in body:
         yield node
-        for field in ("body", "orelse", "finalbody"):
-            yield from _statements(getattr(node, field, ()))
+        for attr in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(node, attr, ()))
         for handler in getattr(node, "handlers", ()):
             yield from _statements(handler.body)
         for case in getattr(node, "cases", ()):

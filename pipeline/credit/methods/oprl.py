@@ -48,6 +48,9 @@ class OprlConfig(Section):
     steps: int = Field(1, ge=0, description="PRM optimiser steps per iteration")
     grad_clip: float = Field(10.0, gt=0.0)
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    packing: Literal["none", "tree"] = Field("none", description="tree: each forward pass of the PRM and of the "
+                                             "policy it is scored against as one prefix tree, the same sums and "
+                                             "gradient (docs/models.md, Tree packing)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
     report_drift: bool = Field(True, description="score the turns with the initial policy too, to report how far "
                                "the PRM and the policy have drifted from it (one more forward pass)")
@@ -63,15 +66,16 @@ def terms(t, cfg, episode) -> Terms:
 # ----------------------------------------------------------------------------------------------------------------
 # The implicit PRM
 
-def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int) -> np.ndarray:
-    """`Σ_{tokens of the response} log π(y|·)` per turn (float64), computed in fixed batches.
+def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int, packing: str = "none") -> np.ndarray:
+    """`Σ_{tokens of the response} log π(y|·)` per turn (float64), computed in fixed batches (each one prefix tree
+    with `packing` tree).
 
     The same function scores the PRM and the rollout policy, so that identical weights give identical sums and
     the implicit rewards are then exactly zero.
     """
     from pipeline.model.ppo import sequence_logprobs  # start-up cost: torch
 
-    per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size)
+    per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size, packing=packing)
     return np.array([float(x.double().sum()) for x in per_token], dtype=np.float64)
 
 
@@ -123,7 +127,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     """
     import torch  # start-up cost: torch
 
-    from pipeline.model.policy import pad_batch, token_logprobs  # start-up cost: torch
+    from pipeline.model.packing import response_logprobs  # start-up cost: torch
     from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
 
     n_eps = len(episode_group)
@@ -136,7 +140,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     n_pairs = 0
     started = time.perf_counter()
     for s in range(cfg.steps + 1):
-        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size)
+        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
         S = episode_scores(r, te, n_eps, cfg.score).requires_grad_(True)
         loss, n_pairs = pairwise_loss(S, group, success)
@@ -152,8 +156,8 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
         optimizer.zero_grad(set_to_none=True)
         prm.train()
         for b in range(0, len(prompts), cfg.batch_size):
-            ids, _, resp = pad_batch(prompts[b: b + cfg.batch_size], responses[b: b + cfg.batch_size], pad_id)
-            logp, _ = token_logprobs(prm, ids, resp)
+            logp, _, resp = response_logprobs(prm, prompts[b: b + cfg.batch_size], responses[b: b + cfg.batch_size],
+                                              pad_id, cfg.packing)
             seq = (logp * resp.to(logp.device)).sum(1)
             w = torch.as_tensor(per_turn[b: b + cfg.batch_size], dtype=seq.dtype, device=seq.device)
             stepper.backward((seq * w).sum())
@@ -189,7 +193,7 @@ def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndar
     from pipeline.model.policy import load_policy  # start-up cost: torch
 
     model, tok = load_policy(path, params.policy.dtype, params.runtime.device, train=True)
-    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size)
+    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size, cfg.packing)
     del model
     return out
 
@@ -244,7 +248,8 @@ class ImplicitPRM(StepRewardModel):
 
     def score(self, state: PrmState, b: PrmBatch, params) -> np.ndarray:
         cfg = params.credit.oprl
-        sums = turn_logprob_sums(state.prm, b.prompts, b.responses, state.tokenizer.pad_token_id, cfg.batch_size)
+        sums = turn_logprob_sums(state.prm, b.prompts, b.responses, state.tokenizer.pad_token_id, cfg.batch_size,
+                                 cfg.packing)
         return cfg.beta * (sums - b.old_sums)
 
     def score_first(self, params) -> bool:
