@@ -253,6 +253,16 @@ def tiny_llama(seed=0):
     return LlamaForCausalLM(cfg).eval()
 
 
+def counting_packs(monkeypatch) -> list[int]:
+    """The sizes of the prefix trees `pipeline.model.packing` packs from here on (a test that a packing key is
+    used)."""
+    import pipeline.model.packing as packing
+
+    calls, real = [], packing.pack
+    monkeypatch.setattr(packing, "pack", lambda seqs: calls.append(len(seqs)) or real(seqs))
+    return calls
+
+
 def batch(n_groups=2, per_group=4, turns=2, seed=0):
     """Turns of n_groups x per_group episodes; half of each group's episodes succeed."""
     rng = np.random.default_rng(seed)

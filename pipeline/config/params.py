@@ -15,7 +15,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
-from pipeline.data.section import LoraSettings, Section
+from pipeline.data.section import LoraSettings, Packing, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
 from pipeline.envs.base import registered as registered_envs
 from pipeline.model.gguf_import import gguf_header, is_gguf
@@ -116,7 +116,7 @@ class WarmstartConfig(Section):
                              "decay); null: 2e-3 for the tiny default, 1e-5 for a model from policy.path")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters in the warm start and merge them into "
                                       "iteration 0's checkpoint (null: full fine-tuning)")
-    packing: Literal["none", "tree"] = Field("none", description="tree: each step's batch as one prefix tree, "
+    packing: Packing = Field("none", description="tree: each step's batch as one prefix tree, "
                                              "the same loss and gradient (docs/models.md, Tree packing)")
 
     def steps_for(self, policy: PolicyConfig) -> int:
@@ -195,7 +195,7 @@ class UpdateConfig(Section):
     micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
                                          "gradients are accumulated over its micro-batches, with the same token-mean "
                                          "loss (memory, not maths; null: the whole minibatch at once)")
-    packing: Literal["none", "tree"] = Field("none", description="none: each micro-batch is a right-padded batch of "
+    packing: Packing = Field("none", description="none: each micro-batch is a right-padded batch of "
                                              "its turns; tree: one prefix tree of them, each distinct prefix computed "
                                              "once, the same log-probs and gradient (docs/models.md, Tree packing)")
     micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a micro-batch holds at most this "

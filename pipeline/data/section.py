@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Mode = Literal["mean_std_norm", "mean_norm"]
 EpisodeStats = Literal["per_episode", "per_turn"]
+Packing = Literal["none", "tree"]     # padded batches, or prefix trees (docs/models.md, Tree packing)
 
 
 class Section(BaseModel):

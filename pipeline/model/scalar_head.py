@@ -110,9 +110,26 @@ class ScalarHeadModel:
         h = hidden[torch.arange(ids.shape[0], device=device), last]
         return self.head(h.float()).squeeze(-1)
 
-    def values(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False):
+    def packed(self, sequences):
+        """The head's value at each sequence's last token, the sequences packed as one prefix tree
+        (`pipeline.model.packing`): what `__call__` gives on their padded batch."""
+        import torch  # start-up cost: torch
+
+        from pipeline.model.packing import pack  # start-up cost: torch
+        from pipeline.model.precision import autocast  # start-up cost: torch
+
+        tree = pack(sequences)
+        device = self.head.weight.device
+        with autocast(self.modules):
+            hidden = self.body(input_ids=tree.ids.unsqueeze(0).to(device),
+                               position_ids=tree.positions.unsqueeze(0).to(device),
+                               attention_mask=tree.mask[None, None].to(device)).last_hidden_state[0]
+        last = torch.stack([path[-1] for path in tree.paths]).to(device)
+        return self.head(hidden[last].float()).squeeze(-1)
+
+    def values(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none"):
         """One value per sequence `prompt + response` (an empty response: the prompt's last token), computed in
-        right-padded chunks of `batch_size`."""
+        chunks of `batch_size`: right-padded, or (`packing` tree) each chunk one prefix tree."""
         import torch  # start-up cost: torch
 
         from pipeline.model.policy import pad_batch  # start-up cost: torch
@@ -120,6 +137,11 @@ class ScalarHeadModel:
         out = []
         with torch.set_grad_enabled(grad):
             for b in range(0, len(prompts), batch_size):
+                if packing == "tree":
+                    out.append(self.packed([list(p) + list(r) for p, r in
+                                            zip(prompts[b: b + batch_size], responses[b: b + batch_size])]))
+                    continue
                 ids, attn, _ = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
                 out.append(self(ids, attn))
         return torch.cat(out) if out else torch.zeros(0)
+

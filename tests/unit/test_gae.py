@@ -29,7 +29,7 @@ from pipeline.credit.base import EPS
 from pipeline.credit.methods import compute_advantages
 from pipeline.credit.methods.gae import Critic, GaeBatch, GaeState, TurnCritic, explained_variance, gae, value_loss
 from pipeline.credit.reward_model import fit_iteration
-from tests.conftest import PAD, batch, tiny_llama
+from tests.conftest import PAD, batch, counting_packs, tiny_llama
 
 EPISODES = {0: (0, [0.0, 0.0, 1.0], [0.5, 0.2, 0.4]), 1: (0, [1.0, -1.0], [0.8, 1.0]), 2: (1, [2.0], [0.5])}
 LAMBDA_1 = [-0.25, 0.3, 0.6, -0.3, -2.0, 1.5]
@@ -206,3 +206,19 @@ def test_the_critic_leaves_out_episodes_whose_environment_raised(tmp_path):
     keep = (marked.sort("episode_id", "step")["episode_id"] != crashed).to_numpy()
     assert scores[~keep].tolist() == [0.0] * 3
     assert scores[keep].tolist() == ref_scores.tolist()
+
+
+def test_the_critic_packed_or_not_fits_and_scores_alike(tmp_path, monkeypatch):
+    """`credit.gae.packing: tree` (docs/models.md, Tree packing): the states as prefix trees."""
+    steps = synthetic_steps()
+    packs = counting_packs(monkeypatch)
+    out = {}
+    for packing in ("none", "tree"):
+        p = gae_params(epochs=3, minibatch_size=12, lr=3e-3, value_clip=None, batch_size=16, packing=packing)
+        state = critic_state(tmp_path / packing, lr=3e-3)
+        _, stats = fit_iteration(TurnCritic(), state, steps, None, None, 1, p)
+        out[packing] = stats, state.critic.state_values(steps["prompt_ids"].to_list(), PAD, 16, packing=packing)
+    assert packs and max(packs) <= 16
+    (s0, v0), (s1, v1) = out["none"], out["tree"]
+    assert s1 == pytest.approx(s0, rel=1e-5) and s0["critic_loss_after"] < s0["critic_loss_before"]
+    assert (v1 - v0).abs().max() <= 1e-5 * v0.abs().max() and v0.abs().max() > 1e-3

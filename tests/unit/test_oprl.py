@@ -10,7 +10,7 @@ import torch
 
 from pipeline.credit.base import EPS
 from pipeline.credit.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
-from tests.conftest import PAD, batch, tiny_llama
+from tests.conftest import PAD, batch, counting_packs, tiny_llama
 from tests.unit.test_credit_methods import AE0, AE1, PER_EPISODE_STD, advantages
 
 
@@ -133,3 +133,24 @@ def test_a_reward_model_saved_without_lora_is_refused_when_lora_is_set(tmp_path)
     with pytest.raises(ValueError, match=r"reward_model: the saved step-reward model is a whole model but "
                                          r"credit\.oprl\.lora is set; rerun from the reward_init stage"):
         ImplicitPRM().load(tmp_path / "reward_model", {}, p)
+
+
+def test_oprl_sums_and_prm_gradient_are_alike_packed_or_not(monkeypatch):
+    """`credit.oprl.packing: tree` (docs/models.md, Tree packing): the same sums and PRM gradient."""
+    policy = tiny_llama()
+    prompts, responses, turn_ep, ep_group, ep_success = batch(turns=3)
+    prompts = [[3, 4, 5, 6] + p for p in prompts]                # a shared system prefix
+    old = turn_logprob_sums(policy, prompts, responses, PAD, 8)
+    assert np.abs(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree") - old).max() <= 1e-5
+    grads = {}
+    packs = counting_packs(monkeypatch)
+    for packing in ("none", "tree"):
+        prm = copy.deepcopy(policy)
+        cfg = OprlConfig(beta=0.5, steps=1, batch_size=8, grad_clip=1e9, packing=packing)
+        prm_update(prm, torch.optim.SGD(prm.parameters(), lr=0.0), prompts, responses, old, turn_ep, ep_group,
+                   ep_success, cfg, PAD)
+        grads[packing] = torch.cat([p.grad.flatten() for p in prm.parameters() if p.grad is not None])
+    assert packs == [8] * 9     # 24 turns, 8 a tree: the sums, the backward pass, the sums after the step
+    assert grads["none"].abs().max() > 1e-4
+    assert (grads["tree"] - grads["none"]).abs().max() <= 1e-5 * grads["none"].abs().max()
+

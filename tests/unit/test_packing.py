@@ -9,7 +9,7 @@ from pipeline.data.section import LoraSettings
 from pipeline.model.packing import micro_batches, pack, packed_tokens, response_logprobs
 from pipeline.model.policy import build_tiny_model, with_lora
 from pipeline.model.ppo import ppo_update, sequence_logprobs
-from tests.conftest import PAD, tiny_llama
+from tests.conftest import PAD, counting_packs, tiny_llama
 
 
 def test_three_turns_sharing_a_prefix_pack_into_their_tree_by_hand():
@@ -121,15 +121,6 @@ def test_the_tree_micro_batches_of_the_update_regroup_turns():
     assert parts != [list(range(k, min(k + len(parts[0]), 12))) for k in range(0, 12, len(parts[0]))]
 
 
-def counting_packs(monkeypatch) -> list[int]:
-    """The sizes of the prefix trees packed from here on."""
-    import pipeline.model.packing as packing
-
-    calls, real = [], packing.pack
-    monkeypatch.setattr(packing, "pack", lambda seqs: calls.append(len(seqs)) or real(seqs))
-    return calls
-
-
 def test_the_warm_start_trains_alike_packed_or_not(tokenizer, monkeypatch):
     import copy
 
@@ -152,33 +143,3 @@ def test_the_warm_start_trains_alike_packed_or_not(tokenizer, monkeypatch):
     assert packs == [8] * 4                                        # each step's batch, one tree
     assert tree == pytest.approx(plain, rel=1e-5)
     assert plain[0] > 1.0 and plain[-1] < 0.9 * plain[0]           # the steps moved the loss
-
-
-def test_oprl_sums_and_prm_gradient_are_alike_packed_or_not(monkeypatch):
-    import copy
-
-    from pipeline.credit.methods.oprl import OprlConfig, prm_update, turn_logprob_sums
-    from tests.conftest import batch
-
-    policy = tiny_llama()
-    prompts, responses, turn_ep, ep_group, ep_success = batch(turns=3)
-    prompts = [[3, 4, 5, 6] + p for p in prompts]                # a shared system prefix
-    old = turn_logprob_sums(policy, prompts, responses, PAD, 8)
-    assert np_allclose(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree"), old, 1e-5)
-    grads = {}
-    packs = counting_packs(monkeypatch)
-    for packing in ("none", "tree"):
-        prm = copy.deepcopy(policy)
-        cfg = OprlConfig(beta=0.5, steps=1, batch_size=8, grad_clip=1e9, packing=packing)
-        prm_update(prm, torch.optim.SGD(prm.parameters(), lr=0.0), prompts, responses, old, turn_ep, ep_group,
-                   ep_success, cfg, PAD)
-        grads[packing] = torch.cat([p.grad.flatten() for p in prm.parameters() if p.grad is not None])
-    assert packs == [8] * 9     # 24 turns, 8 a tree: the sums, the backward pass, the sums after the step
-    assert grads["none"].abs().max() > 1e-4
-    assert (grads["tree"] - grads["none"]).abs().max() <= 1e-5 * grads["none"].abs().max()
-
-
-def np_allclose(a, b, tol) -> bool:
-    import numpy as np
-
-    return bool(np.abs(np.asarray(a) - np.asarray(b)).max() <= tol)

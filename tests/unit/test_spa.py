@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.credit.methods.spa import ProgressEstimator, SpaConfig, spa_loss, train_progress
-from tests.conftest import PAD, ROOT, batch, tiny_llama
+from tests.conftest import PAD, ROOT, batch, counting_packs, tiny_llama
 from tests.unit.test_credit_methods import advantages
 
 
@@ -131,3 +131,29 @@ def test_spa_estimator_with_lora_trains_adapters_and_head_only(tmp_path):
     assert again.base == (tmp_path / "policy").resolve()
     assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
     assert {n for n, q in again.modules.named_parameters() if q.requires_grad} == trainable
+
+
+def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradient(tmp_path, monkeypatch):
+    """`credit.spa.packing: tree` (docs/models.md, Tree packing)."""
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
+    prompts = [[3, 4, 5, 6] + p for p in prompts]                # a shared system prefix
+    packs = counting_packs(monkeypatch)
+    fits = {}
+    for packing in ("none", "tree"):
+        est = ProgressEstimator.from_policy(tmp_path / "policy")
+        cfg = SpaConfig(lr=3e-3, epochs=3, episodes_per_batch=6, batch_size=16, packing=packing)
+        stats = train_progress(est, torch.optim.AdamW(est.parameters(), lr=cfg.lr), prompts, responses, turn_ep,
+                               ep_success.astype(np.float64), cfg, PAD, seed=0)
+        for q in est.parameters():
+            q.grad = None
+        c = est.contributions(prompts, responses, PAD, 16, grad=True, packing=packing)
+        (c * torch.linspace(-1, 1, len(c))).sum().backward()
+        grad = torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
+        fits[packing] = stats, c.detach(), grad
+    # 3 epochs x 2 minibatches of 6 episodes (18 turns: chunks of 16 and 2), then the 36 turns scored in chunks of 16
+    assert packs == [16, 2] * 6 + [16, 16, 4]
+    (s0, c0, g0), (s1, c1, g1) = fits["none"], fits["tree"]
+    assert s1 == pytest.approx(s0, rel=1e-5) and s0["estimator_loss_epoch_2"] < s0["estimator_loss_epoch_0"]
+    assert (c1 - c0).abs().max() <= 1e-5 * c0.abs().max() and c0.abs().max() > 1e-3
+    assert (g1 - g0).abs().max() <= 1e-5 * g0.abs().max()

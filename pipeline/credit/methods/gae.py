@@ -27,7 +27,7 @@ from pydantic import Field
 from pipeline.credit.base import Method, Terms, discounted_returns, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
 from pipeline.data.batches import minibatch_count, minibatches
-from pipeline.data.section import LoraSettings, Section
+from pipeline.data.section import LoraSettings, Packing, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
 from pipeline.progress import Ticker
@@ -49,6 +49,9 @@ class GaeConfig(Section):
                                      "(verl's cliprange_value); null: no clipping")
     grad_clip: float = Field(1.0, gt=0.0)
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    packing: Packing = Field("none", description="tree: each forward pass of the critic as one "
+                                             "prefix tree of the states, the same values and gradient (docs/models.md, "
+                                             "Tree packing)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
                                       "instead of every weight of the critic (null)")
 
@@ -86,9 +89,9 @@ class Critic(ScalarHeadModel):
     head_file = "value_head.pt"
     kind = "critic"
 
-    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False):
+    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none"):
         """V(s_t) for each turn's prompt (the state before its response)."""
-        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad)
+        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad, packing)
 
 
 def value_loss(v, v_old, target, clip: float | None):
@@ -128,7 +131,8 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for rows in minibatches(order, cfg.minibatch_size):
-            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True)
+            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True,
+                                    packing=cfg.packing)
             idx = torch.tensor(rows)
             loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
             stepper.minimize(loss, f"GAE critic epoch {epoch}")
@@ -195,7 +199,8 @@ class TurnCritic(StepRewardModel):
         return True   # PPO's order: the advantages come from the values before the critic's fit
 
     def _values(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
-        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), params.credit.gae.batch_size)
+        cfg = params.credit.gae
+        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), cfg.batch_size, packing=cfg.packing)
         return v.double().cpu().numpy()
 
     def score(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
-from pipeline.data.section import LoraSettings, Mode, Section
+from pipeline.data.section import LoraSettings, Mode, Packing, Section
 from pipeline.data.seeds import stage_seed
 
 
@@ -48,7 +48,7 @@ class OprlConfig(Section):
     steps: int = Field(1, ge=0, description="PRM optimiser steps per iteration")
     grad_clip: float = Field(10.0, gt=0.0)
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    packing: Literal["none", "tree"] = Field("none", description="tree: each forward pass of the PRM and of the "
+    packing: Packing = Field("none", description="tree: each forward pass of the PRM and of the "
                                              "policy it is scored against as one prefix tree, the same sums and "
                                              "gradient (docs/models.md, Tree packing)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")

@@ -28,7 +28,7 @@ from pydantic import Field
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.batches import minibatch_count, minibatches
-from pipeline.data.section import LoraSettings, Mode, Section
+from pipeline.data.section import LoraSettings, Mode, Packing, Section
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
@@ -59,6 +59,9 @@ class SpaConfig(Section):
     episodes_per_batch: int = Field(16, ge=1, description="episodes per optimiser step")
     grad_clip: float = Field(1.0, gt=0.0)
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    packing: Packing = Field("none", description="tree: each forward pass of the estimator as one "
+                                             "prefix tree, the same contributions and gradient (docs/models.md, Tree "
+                                             "packing)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
                                       "instead of every weight of the estimator (null)")
@@ -78,9 +81,10 @@ class ProgressEstimator(ScalarHeadModel):
     head_file = HEAD_FILE
     kind = "progress estimator"
 
-    def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False):
-        """c_t for each turn (prompt + response, right-padded in chunks)."""
-        return self.values(prompts, responses, pad_id, batch_size, grad)
+    def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False,
+                      packing: str = "none"):
+        """c_t for each turn (prompt + response, in chunks: right-padded or prefix trees)."""
+        return self.values(prompts, responses, pad_id, batch_size, grad, packing)
 
 
 def spa_loss(c, turn_episode, outcome):
@@ -117,7 +121,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             rows = [t for e in eps for t in turns_of[e]]
             local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
             c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
-                                  cfg.batch_size, grad=True)
+                                  cfg.batch_size, grad=True, packing=cfg.packing)
             loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
             stepper.minimize(loss, f"SPA estimator epoch {epoch}")
             batch_losses.append(float(loss.detach()))
@@ -204,8 +208,9 @@ class ProgressModel(StepRewardModel):
                               pad_id(state.tokenizer), seed=b.seed, progress=log)
 
     def score(self, state: SpaState, b: SpaBatch, params) -> np.ndarray:
-        c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer),
-                                          params.credit.spa.batch_size)
+        cfg = params.credit.spa
+        c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer), cfg.batch_size,
+                                          packing=cfg.packing)
         return c.double().cpu().numpy()
 
     def diagnostics(self, state: SpaState, b: SpaBatch, scores, params) -> dict[str, float]:
