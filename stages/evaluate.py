@@ -59,7 +59,7 @@ def play(p, checkpoint: Path, it: int, specs: list[EpisodeSpec], log) -> pl.Data
     """The step rows of the held-out episodes `specs` played with `checkpoint`."""
     seed = stage_seed("evaluate", p.seed, it)
     sampler, tokenizer = open_sampler(p, checkpoint, engine_seed=seed)
-    log(f"sampling {checkpoint} with {sampler.name}")
+    log(f"sampling {checkpoint} with {sampler.label}")
     with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
         return play_with_params(p, sampler, tokenizer, specs, temperature=p.evaluate.temperature, seed=seed,
                                 progress=log)

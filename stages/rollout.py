@@ -42,7 +42,7 @@ def play(ctx, specs: list[EpisodeSpec]) -> tuple[pl.DataFrame, float]:
     p, it = ctx.params, ctx.iteration
     seed = stage_seed("rollout", p.seed, it)
     sampler, tokenizer = open_sampler(p, ctx.path(paths.ROLLOUT_CHECKPOINT), engine_seed=seed)
-    ctx.log(f"sampling with {sampler.name}")
+    ctx.log(f"sampling with {sampler.label}")
     started = time.perf_counter()
     with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
         steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.rollout.temperature, seed=seed,

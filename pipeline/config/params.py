@@ -135,6 +135,9 @@ class VllmSettings(Section):
         "merged", description="how vLLM samples from a LoRA checkpoint: merged (the adapter merged into a temporary "
         "copy of the base, plain dense weights) or adapter (the base with vLLM's LoRA support, the adapter passed "
         "with every request)")
+    prefix_caching: bool = Field(True, description="vLLM keeps the KV cache of prompt prefixes it has computed and "
+                                 "reuses it for later prompts that start alike (the system text, a task group's "
+                                 "state); vLLM's own default on a GPU and on this CPU (docs/models.md, Rollout engines)")
 
 
 class RolloutConfig(Section):

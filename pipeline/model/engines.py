@@ -31,6 +31,7 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
 
 class HFSampler:
     name = "hf"
+    label = "hf"          # what the stage's log says it samples with
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
@@ -102,7 +103,10 @@ class VLLMSampler:
         self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
                        enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
                        max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
-                       generation_config="vllm", **lora_args)
+                       generation_config="vllm", enable_prefix_caching=cfg.prefix_caching, **lora_args)
+        # what the engine does, whatever was asked (vLLM turns it off on some platforms and models)
+        self.prefix_caching = bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+        self.label = f"vllm, prefix caching {'on' if self.prefix_caching else 'off'}"
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                  seed: int | list[int]) -> list[Generation]:

@@ -77,7 +77,7 @@ def test_init_dequantizes_and_warm_starts_smollm2(run):
 
 def test_a_real_model_plays_an_iteration_with_its_chat_template(run):
     d, logs = run
-    assert "sampling with vllm" in logs["rollout"]
+    assert "sampling with vllm, prefix caching on" in logs["rollout"]
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     assert steps.height >= 4
     _, tok = load_policy(d / "results/iter_0/checkpoint")
