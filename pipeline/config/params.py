@@ -221,6 +221,13 @@ class UpdateConfig(Section):
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 
+    @model_validator(mode="after")
+    def _tokens_need_trees(self):
+        if self.micro_batch_tokens is not None and self.packing != "tree":
+            raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
+                             "or size padded micro-batches with micro_batch_size")
+        return self
+
 
 class EvaluateConfig(Section):
     tasks: int = Field(128, ge=1, lt=GROUPS_PER_ITERATION, description="held-out tasks")
