@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pipeline.model.policy import _accepts_logits_to_keep, _lm_class, pad_batch, token_logprobs
 from pipeline.model.precision import autocast
 
-__all__ = ["Packed", "micro_batches", "pack", "packed_tokens", "response_logprobs"]
+__all__ = ["Packed", "attention_mask", "micro_batches", "pack", "packed_tokens", "response_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,16 @@ def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int
     return out
 
 
+def attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """The tree's [T, T] mask as the model's attention takes a ready 4-D mask: booleans for SDPA and the kernels,
+    an additive float mask (0 or the float minimum) for eager attention, which adds whatever it is given."""
+    mask = mask[None, None]
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":
+        return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, torch.finfo(torch.float32).min)
+    return mask
+
+
 def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                       packing: str = "none", with_entropy: bool = False, temperature: float = 1.0):
     """(log-probs [B, W-1], entropies or None, response mask [B, W-1]) of each turn's response tokens under `model`
@@ -142,7 +152,7 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     rows = torch.stack([tree.paths[i][t] for i, t in reads]) if reads else torch.zeros(0, dtype=torch.long)
     keep, where = torch.unique(rows, return_inverse=True)
     kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device),
-              "attention_mask": tree.mask[None, None].to(device)}
+              "attention_mask": attention_mask(model, tree.mask).to(device)}
     with autocast(model):
         if _accepts_logits_to_keep(_lm_class(model)):
             logits = model(**kwargs, logits_to_keep=keep.to(device)).logits[0].float()

@@ -51,12 +51,15 @@ def shared_turns(n=12, seed=1):
     return prompts, responses, [1.5, -1.0, 0.5, -2.0, 1.0, 0.25] * (n // 6)
 
 
-@pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model"])
+@pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model", "eager attention"])
 def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, tokenizer):
     if model == "project's tiny model":
         m = build_tiny_model(tokenizer, TinyModelConfig(), seed=0)
     else:
         m = tiny_llama(seed=2)
+        if model == "eager attention":     # adds its mask to the scores: it needs 0 / -inf, not booleans
+            m.set_attn_implementation("eager")
+            assert m.config._attn_implementation == "eager"
         if "lora" in model:
             m = with_lora(m, LoraSettings(r=4, alpha=8), seed=0)
             for name, w in m.named_parameters():     # B = 0 would hide the adapter: give it weights
