@@ -123,11 +123,18 @@ def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int
     return out
 
 
-def attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
-    """The tree's [T, T] mask as the model's attention takes a ready 4-D mask: booleans for SDPA and the kernels,
-    an additive float mask (0 or the float minimum) for eager attention, which adds whatever it is given."""
-    mask = mask[None, None]
+def attention_mask(model, tree: Packed) -> torch.Tensor:
+    """The tree's mask as the model's attention takes a ready 4-D mask: booleans for SDPA and the kernels, an
+    additive float mask (0 or the float minimum) for eager attention, which adds whatever it is given. A model with
+    sliding-window attention is refused once a sequence is longer than its window (the mask does not reproduce it)."""
     config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    longest = int(tree.positions.max()) + 1 if tree.tokens else 0
+    if isinstance(window, int) and longest > window:
+        raise ValueError(f"packing tree: a sequence of {longest} tokens is longer than the model's sliding attention "
+                         f"window ({window}), which the tree's mask does not reproduce; set the packing key to none "
+                         "for this model")
+    mask = tree.mask[None, None]
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
         return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, torch.finfo(torch.float32).min)
     return mask
@@ -152,7 +159,7 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     rows = torch.stack([tree.paths[i][t] for i, t in reads]) if reads else torch.zeros(0, dtype=torch.long)
     keep, where = torch.unique(rows, return_inverse=True)
     kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device),
-              "attention_mask": attention_mask(model, tree.mask).to(device)}
+              "attention_mask": attention_mask(model, tree).to(device)}
     with autocast(model):
         if _accepts_logits_to_keep(_lm_class(model)):
             logits = model(**kwargs, logits_to_keep=keep.to(device)).logits[0].float()

@@ -123,7 +123,7 @@ class ScalarHeadModel:
         with autocast(self.modules):
             hidden = self.body(input_ids=tree.ids.unsqueeze(0).to(device),
                                position_ids=tree.positions.unsqueeze(0).to(device),
-                               attention_mask=attention_mask(self.body, tree.mask).to(device)).last_hidden_state[0]
+                               attention_mask=attention_mask(self.body, tree).to(device)).last_hidden_state[0]
         last = torch.stack([path[-1] for path in tree.paths]).to(device)
         return self.head(hidden[last].float()).squeeze(-1)
 

@@ -146,3 +146,13 @@ def test_the_warm_start_trains_alike_packed_or_not(tokenizer, monkeypatch):
     assert packs == [8] * 4                                        # each step's batch, one tree
     assert tree == pytest.approx(plain, rel=1e-5)
     assert plain[0] > 1.0 and plain[-1] < 0.9 * plain[0]           # the steps moved the loss
+
+
+def test_a_sliding_window_shorter_than_a_sequence_is_refused():
+    m = tiny_llama()
+    m.config.sliding_window = 4            # as Gemma 3's and Mistral's configs state theirs
+    with pytest.raises(ValueError, match=r"a sequence of 7 tokens is longer than the model's sliding attention "
+                                         r"window \(4\)"):
+        response_logprobs(m, [[1, 2, 3, 4, 5]], [[6, 7]], PAD, "tree")
+    m.config.sliding_window = 8
+    assert response_logprobs(m, [[1, 2, 3, 4, 5]], [[6, 7]], PAD, "tree")[0].shape == (1, 6)
