@@ -156,3 +156,23 @@ def test_a_sliding_window_shorter_than_a_sequence_is_refused():
         response_logprobs(m, [[1, 2, 3, 4, 5]], [[6, 7]], PAD, "tree")
     m.config.sliding_window = 8
     assert response_logprobs(m, [[1, 2, 3, 4, 5]], [[6, 7]], PAD, "tree")[0].shape == (1, 6)
+
+
+def test_the_update_stage_recomputes_log_pi_old_as_prefix_trees(monkeypatch):
+    """`update.packing: tree` reaches the update stage's own passes (log pi_old here; the KL reference's goes the
+    same way), not only the loss: the same log-probs, in trees of at most `micro_batch_tokens`."""
+    import stages.update as update
+    from pipeline.config.params import Params
+    from pipeline.model.distributed import Processes
+    from pipeline.workflow.cli import StageContext
+
+    prompts, responses, adv = shared_turns()
+    turns = update.Turns(prompts, responses, adv, [[0.0] * len(r) for r in responses])
+    model = tiny_llama(seed=4)
+    procs = Processes(0, 1, "cpu")
+    plain = update.old_logprobs(StageContext(Params(), "p.yaml", 1, "update", 0.0), model, PAD, turns, procs)
+    packs = counting_packs(monkeypatch)
+    p = Params.model_validate({"update": {"packing": "tree", "micro_batch_tokens": 40}})
+    tree = update.old_logprobs(StageContext(p, "p.yaml", 1, "update", 0.0), model, PAD, turns, procs)
+    assert len(packs) > 1 and sum(packs) == len(prompts)
+    assert all((a - b).abs().max() < 1e-5 for a, b in zip(plain, tree, strict=True))
