@@ -5,8 +5,9 @@ their anchor state with another turn of their task group (the turns GiGPO's step
     python -m bench.search_stats --params configs/search.yaml          # the run of that params file
     python -m bench.search_stats --params P --run RUN_DIR --out DIR
 
-Writes `search_stats.csv` (one row per iteration) and `search_em_by_hops.csv` (held-out EM per iteration, question
-type and hops) into `--out` (default: the run's folder) and prints both.
+Writes `search_stats.csv` (one row per iteration), `search_em_by_hops.csv` (held-out EM per iteration, question
+type and hops) and `search_em.png` (held-out EM with a band of one standard error, EM by question type and hops,
+and searches per training episode) into `--out` (default: the run's folder) and prints the tables.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.config.params import load_params
+from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 from pipeline.envs.base import make_env
 from pipeline.workflow.runs import run_folder
@@ -60,6 +62,40 @@ def iteration_stats(run: Path, env) -> tuple[pl.DataFrame, pl.DataFrame]:
     return pl.DataFrame(rows), hops
 
 
+def plot(stats: pl.DataFrame, hops: pl.DataFrame, title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(14, 4), dpi=120)
+    ev = stats.filter(pl.col("heldout_em").is_not_null()) if "heldout_em" in stats.columns else pl.DataFrame()
+    if ev.height:
+        x, em, n = ev["iteration"].to_numpy(), ev["heldout_em"].to_numpy(), ev["heldout_episodes"].to_numpy()
+        se = (em * (1 - em) / n) ** 0.5
+        left.plot(x, em, marker="o", label="held-out EM")
+        left.fill_between(x, em - se, em + se, alpha=0.2, label="± one standard error")
+        left.plot(x, ev["heldout_well_formed"].to_numpy(), ls="--", color="grey", label="turns well formed")
+    left.set_ylim(0, 1.02)
+    left.set_title(title)
+    for (kind, h), d in hops.group_by("kind", "hops", maintain_order=True) if hops.height else []:
+        d = d.sort("iteration")
+        label = f"{kind}, {h} hop{'s' if h != 1 else ''} ({int(d['episodes'].max())} episodes)"
+        mid.plot(d["iteration"].to_numpy(), d["em"].to_numpy(), marker=".", label=label)
+    mid.set_ylim(0, 1.02)
+    mid.set_title("held-out EM by question")
+    train = stats.filter(pl.col("searches_per_episode").is_not_null()) if "searches_per_episode" in stats.columns \
+        else pl.DataFrame()
+    if train.height:
+        right.plot(train["iteration"].to_numpy(), train["searches_per_episode"].to_numpy(), marker="o",
+                   label="searches per episode")
+        right.plot(train["iteration"].to_numpy(), train["answered"].to_numpy(), marker="s", label="share answered")
+    right.set_ylim(bottom=0)
+    right.set_title("training rollouts")
+    for ax in (left, mid, right):
+        ax.set_xlabel("iteration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", required=True, type=Path)
@@ -78,7 +114,8 @@ def main(argv=None) -> None:
     with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200, float_precision=3):
         print(stats)
         print(hops.pivot(on="iteration", index=["kind", "hops"], values="em") if hops.height else hops)
-    print(f"wrote {out / 'search_stats.csv'} and {out / 'search_em_by_hops.csv'}")
+    plot(stats, hops, f"{params.env.name}, {params.credit.method}: held-out exact match", out / "search_em.png")
+    print(f"wrote {out / 'search_stats.csv'}, {out / 'search_em_by_hops.csv'} and {out / 'search_em.png'}")
 
 
 if __name__ == "__main__":
