@@ -263,6 +263,20 @@ def counting_packs(monkeypatch) -> list[int]:
     return calls
 
 
+def sgd_update(model, prompts, responses, advantages, **update):
+    """`ppo_update` with plain SGD (AdamW would blow float noise in near-zero gradient entries up to full-size
+    steps, hiding what is compared) from log pi_old recomputed on `model`: the weights after it, and its statistics.
+    `update`: the UpdateConfig's keys (lr, epochs, minibatch_size, and the memory or packing keys compared)."""
+    from pipeline.config.params import UpdateConfig
+    from pipeline.model.ppo import ppo_update, sequence_logprobs
+
+    old = sequence_logprobs(model, prompts, responses, PAD, 4)
+    cfg = UpdateConfig(**update)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=cfg.lr)
+    stats = ppo_update(model, opt, prompts, responses, advantages, old, cfg, PAD, seed=0)
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, stats
+
+
 def batch(n_groups=2, per_group=4, turns=2, seed=0):
     """Turns of n_groups x per_group episodes; half of each group's episodes succeed."""
     rng = np.random.default_rng(seed)

@@ -8,8 +8,7 @@ from pipeline.config.params import TinyModelConfig, UpdateConfig
 from pipeline.data.section import LoraSettings
 from pipeline.model.packing import micro_batches, pack, packed_tokens, response_logprobs
 from pipeline.model.policy import build_tiny_model, with_lora
-from pipeline.model.ppo import ppo_update, sequence_logprobs
-from tests.conftest import PAD, counting_packs, tiny_llama
+from tests.conftest import PAD, counting_packs, sgd_update, tiny_llama
 
 
 def test_three_turns_sharing_a_prefix_pack_into_their_tree_by_hand():
@@ -78,14 +77,9 @@ def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, tokenizer
 
 
 def train(model, **update):
-    prompts, responses, adv = shared_turns()
-    old = sequence_logprobs(model, prompts, responses, PAD, 4)
     # one SGD step (12 turns, one minibatch) large enough that the change stands far above fp32's rounding of the
-    # weights (AdamW would blow float noise in near-zero gradient entries up to full-size steps)
-    cfg = UpdateConfig(lr=50.0, epochs=1, minibatch_size=12, **update)
-    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=cfg.lr)
-    stats = ppo_update(model, opt, prompts, responses, adv, old, cfg, PAD, seed=0)
-    return {k: v.detach().clone() for k, v in model.named_parameters()}, stats
+    # weights
+    return sgd_update(model, *shared_turns(), lr=50.0, epochs=1, minibatch_size=12, **update)
 
 
 @pytest.mark.parametrize("lora", [False, True])

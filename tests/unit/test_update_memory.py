@@ -4,11 +4,10 @@
 import pytest
 import torch
 
-from pipeline.config.params import UpdateConfig
 from pipeline.data.section import LoraSettings
 from pipeline.model.policy import with_lora
-from pipeline.model.ppo import policy_loss, ppo_update, sequence_logprobs
-from tests.conftest import PAD, tiny_llama
+from pipeline.model.ppo import policy_loss
+from tests.conftest import sgd_update, tiny_llama
 
 
 def turns(n=10, seed=1):
@@ -21,14 +20,7 @@ def turns(n=10, seed=1):
 
 
 def train(model, **update):
-    prompts, responses, adv = turns()
-    old = sequence_logprobs(model, prompts, responses, PAD, 4)
-    cfg = UpdateConfig(lr=0.5, epochs=2, minibatch_size=5, **update)
-    # SGD: the weights follow the accumulated gradients linearly (AdamW would blow float noise in near-zero
-    # gradient entries up to full-size steps, hiding what is compared)
-    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=cfg.lr)
-    stats = ppo_update(model, opt, prompts, responses, adv, old, cfg, PAD, seed=0)
-    return dict(model.named_parameters()), stats
+    return sgd_update(model, *turns(), lr=0.5, epochs=2, minibatch_size=5, **update)
 
 
 def test_token_mean_over_a_minibatch_is_the_sum_of_its_micro_batches_by_hand():
