@@ -4,8 +4,9 @@
 The turns of an iteration share long prefixes: the system text and rules of every prompt, the state a task group
 starts in, the turns a step group shares. `pack` lays the prompt + response tokens of several turns out as the nodes
 of their prefix tree (a trie: one node per distinct prefix), in one row. Each node attends to its ancestors and
-itself only (a 4-D boolean mask) and sits at the position of its depth, so its hidden states, and every log-prob
-read from them, are those of the same tokens in their own unpacked sequence, up to floating-point summation order.
+itself only (a 4-D mask: booleans, or 0 / -inf for eager attention) and sits at the position of its depth, so its
+hidden states, and every log-prob read from them, are those of the same tokens in their own unpacked sequence, up
+to floating-point summation order.
 
 `response_logprobs` returns the same right-padded [turns, width - 1] layout as `pad_batch` + `token_logprobs`,
 packed or not, so that the update, the warm start and the fits change only the call. Gradients flow through the
@@ -43,39 +44,14 @@ class Packed:
         return int(self.ids.shape[0])
 
 
-def pack(sequences: list[list[int]]) -> Packed:
-    """The prefix tree of `sequences`: nodes in order of first appearance (a parent before its children), depth as
-    position, each node seeing its ancestors and itself."""
-    children: dict[tuple[int, int], int] = {}     # (parent node, token) -> node; the root is -1
-    tokens: list[int] = []
-    depth: list[int] = []
-    paths = []
-    for seq in sequences:
-        node, path = -1, []
-        for t, tok in enumerate(seq):
-            key = (node, int(tok))
-            nxt = children.get(key)
-            if nxt is None:
-                nxt = children[key] = len(tokens)
-                tokens.append(int(tok))
-                depth.append(t)
-            node = nxt
-            path.append(node)
-        paths.append(torch.tensor(path, dtype=torch.long))
-    n = len(tokens)
-    mask = torch.zeros((n, n), dtype=torch.bool)
-    for path in paths:              # along a path, token t sees tokens 0..t of the same path: its ancestors
-        length = len(path)
-        tril = torch.ones((length, length), dtype=torch.bool).tril()
-        mask[path.unsqueeze(1), path.unsqueeze(0)] |= tril
-    return Packed(torch.tensor(tokens, dtype=torch.long), torch.tensor(depth, dtype=torch.long), mask, paths)
-
-
 class _Trie:
-    """Distinct prefixes of the sequences added so far."""
+    """The distinct prefixes of the sequences added so far: one node each, numbered in order of first appearance (a
+    parent before its children), with its token and depth."""
 
     def __init__(self):
         self.nodes: dict[tuple[int, int], int] = {}     # (parent node, token) -> node; the root is -1
+        self.tokens: list[int] = []
+        self.depth: list[int] = []
 
     def new_nodes(self, seq) -> int:
         """How many nodes `seq` would add."""
@@ -87,13 +63,36 @@ class _Trie:
             node = nxt
         return 0
 
-    def add(self, seq) -> None:
-        node = -1
-        for tok in seq:
-            node = self.nodes.setdefault((node, int(tok)), len(self.nodes))
+    def add(self, seq) -> list[int]:
+        """Add `seq`; the node of each of its tokens."""
+        node, path = -1, []
+        for t, tok in enumerate(seq):
+            key = (node, int(tok))
+            nxt = self.nodes.get(key)
+            if nxt is None:
+                nxt = self.nodes[key] = len(self.tokens)
+                self.tokens.append(int(tok))
+                self.depth.append(t)
+            node = nxt
+            path.append(node)
+        return path
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+
+def pack(sequences: list[list[int]]) -> Packed:
+    """The prefix tree of `sequences`: nodes in order of first appearance (a parent before its children), depth as
+    position, each node seeing its ancestors and itself."""
+    trie = _Trie()
+    paths = [torch.tensor(trie.add(seq), dtype=torch.long) for seq in sequences]
+    n = len(trie)
+    mask = torch.zeros((n, n), dtype=torch.bool)
+    for path in paths:              # along a path, token t sees tokens 0..t of the same path: its ancestors
+        length = len(path)
+        tril = torch.ones((length, length), dtype=torch.bool).tril()
+        mask[path.unsqueeze(1), path.unsqueeze(0)] |= tril
+    return Packed(torch.tensor(trie.tokens, dtype=torch.long), torch.tensor(trie.depth, dtype=torch.long), mask, paths)
 
 
 def packed_tokens(sequences) -> int:
@@ -143,8 +142,8 @@ def attention_mask(model, tree: Packed) -> torch.Tensor:
 def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                       packing: str = "none", with_entropy: bool = False, temperature: float = 1.0):
     """(log-probs [B, W-1], entropies or None, response mask [B, W-1]) of each turn's response tokens under `model`
-    at `temperature`, in `pad_batch`'s right-padded layout (only the cells of the response mask are meaningful), computed on the padded batch
-    (`packing: none`) or on its prefix tree (`tree`)."""
+    at `temperature`, in `pad_batch`'s right-padded layout (only the cells of the response mask are meaningful),
+    computed on the padded batch (`packing: none`) or on its prefix tree (`tree`)."""
     ids, _, resp = pad_batch(prompts, responses, pad_id)
     if packing == "none":
         logp, entropy = token_logprobs(model, ids, resp, with_entropy=with_entropy, temperature=temperature)
