@@ -58,13 +58,14 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
-def _batches(prompts, responses, batch_size: int, packing: str, max_tokens: int | None) -> list[list[int]]:
-    """The turns in forward passes: `batch_size` at a time in order, or with `packing` tree and `max_tokens`, prefix
-    trees of at most that many tokens (turns sorted so that shared prefixes fall together)."""
+def _passes(prompts, responses, order: list[int], size: int, packing: str, max_tokens: int | None) -> list[list[int]]:
+    """The turns `order` (indices into `prompts` and `responses`) in forward passes: `size` at a time in that order,
+    or with `packing` tree and `max_tokens`, prefix trees of at most that many tokens (the turns sorted so that
+    shared prefixes fall together, `pipeline.model.packing.micro_batches`)."""
     if packing == "tree" and max_tokens:
-        seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
-        return micro_batches(seqs, list(range(len(seqs))), max_tokens)
-    return [list(range(b, min(b + batch_size, len(prompts)))) for b in range(0, len(prompts), batch_size)]
+        seqs = {i: list(prompts[i]) + list(responses[i]) for i in order}
+        return micro_batches(seqs, order, max_tokens)
+    return [order[b: b + size] for b in range(0, len(order), size)]
 
 
 @torch.no_grad()
@@ -79,7 +80,7 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     out: list[torch.Tensor | None] = [None] * len(prompts)
     ticker = Ticker()
     done = 0
-    for part in _batches(prompts, responses, batch_size, packing, max_tokens):
+    for part in _passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens):
         if progress is not None and done and ticker.due(done):
             progress(f"log-probs of {done}/{len(prompts)} turns, {ticker.rate(done):.2f} turns/s")
         logp, _, resp = response_logprobs(model, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
@@ -192,11 +193,8 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
 def _micro(turns: _Turns, mine: list[int], cfg) -> list[list[int]]:
     """A process's share of a minibatch in micro-batches: `micro_batch_size` turns each in the minibatch's order,
     or (`packing` tree with `micro_batch_tokens`) prefix trees of at most that many tokens."""
-    if cfg.packing == "tree" and cfg.micro_batch_tokens:
-        seqs = {i: list(turns.prompts[i]) + list(turns.responses[i]) for i in mine}
-        return micro_batches(seqs, mine, cfg.micro_batch_tokens)
-    micro = cfg.micro_batch_size or cfg.minibatch_size
-    return [mine[m: m + micro] for m in range(0, len(mine), micro)]
+    return _passes(turns.prompts, turns.responses, mine, cfg.micro_batch_size or cfg.minibatch_size, cfg.packing,
+                  cfg.micro_batch_tokens)
 
 
 def _micro_batch_loss(model, turns: _Turns, part: list[int], cfg, temperature: float, tokens: float,
