@@ -6,11 +6,11 @@
 Per iteration: the turns' prompt + response tokens, the tokens their prefix tree holds (the whole iteration as one
 tree, and the update's micro-batches: `micro_batch_size` turns of a shuffled minibatch, as the update draws them,
 against prefix trees of at most `micro_batch_tokens`), and the padded tokens a padded micro-batch computes. Then the
-update's work on one minibatch of `--turns` turns of the first iteration (drawn at random, as the update's are), side by side in this process, alternating:
-the PPO loss's forward and backward over the checkpoint (LoRA adapters where `policy.lora` is set, as the update
-trains), padded (`packing: none`, `micro_batch_size` turns a pass) against packed (`tree`, `micro_batch_tokens`), and
-the no-grad log-prob pass (log pi_old, the reference) likewise; the seconds of each and the ratio. Writes
-`OUT/packing_tokens.csv` and `OUT/packing_time.csv`.
+update's work on one minibatch of `--turns` turns of the first iteration (drawn at random, as the update's are),
+side by side in this process, alternating: the PPO loss's forward and backward over the checkpoint (LoRA adapters
+where `policy.lora` is set, as the update trains), padded (`packing: none`, `micro_batch_size` turns a pass) against
+packed (`tree`, `micro_batch_tokens`), and the no-grad log-prob pass (log pi_old, the reference) likewise; the
+seconds of each and the ratio. Writes `OUT/packing_tokens.csv` and `OUT/packing_time.csv`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budget:
             plain += sum(map(len, part))
             packed_micro += packed_tokens(part)
         tree_parts += [[seqs[i] for i in p] for p in micro_batches(seqs, mb, budget)]
-    return {"iteration": it, "turns": len(seqs), "tokens": sum(map(len, seqs)), "padded_tokens": padded,
-            "tree_whole_iteration": packed_tokens(seqs), f"tree_micro_batches_of_{micro}": packed_micro,
-            f"tree_budget_{budget}": sum(packed_tokens(p) for p in tree_parts), "tree_micro_batches": len(tree_parts),
-            "reduction_whole": sum(map(len, seqs)) / packed_tokens(seqs),
-            "reduction_update": plain / sum(packed_tokens(p) for p in tree_parts)}
+    tokens, whole, in_trees = sum(map(len, seqs)), packed_tokens(seqs), sum(packed_tokens(p) for p in tree_parts)
+    return {"iteration": it, "turns": len(seqs), "tokens": tokens, "padded_tokens": padded,
+            "tree_whole_iteration": whole, f"tree_micro_batches_of_{micro}": packed_micro,
+            f"tree_budget_{budget}": in_trees, "tree_micro_batches": len(tree_parts),
+            "reduction_whole": tokens / whole, "reduction_update": plain / in_trees}
 
 
 def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budget: int) -> list[dict]:

@@ -137,7 +137,8 @@ class VllmSettings(Section):
         "with every request)")
     prefix_caching: bool = Field(True, description="vLLM keeps the KV cache of prompt prefixes it has computed and "
                                  "reuses it for later prompts that start alike (the system text, a task group's "
-                                 "state); vLLM's own default on a GPU and on this CPU (docs/models.md, Rollout engines)")
+                                 "state); vLLM's own default on a GPU and on this CPU (docs/models.md, Rollout "
+                                 "engines)")
 
 
 class RolloutConfig(Section):

@@ -144,4 +144,3 @@ class ScalarHeadModel:
                 ids, attn, _ = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
                 out.append(self(ids, attn))
         return torch.cat(out) if out else torch.zeros(0)
-
