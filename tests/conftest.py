@@ -215,17 +215,18 @@ def method_runs(grpo_run, tmp_path_factory) -> dict[str, MethodRun]:
         params["credit"] = {"method": m}
         if m == SIDE_BY_SIDE:
             shutil.copytree(grpo_run, d, dirs_exist_ok=True, symlinks=True)
-            params["run"] = {"dir": "runs/gigpo", "base": {"params": "params.yaml", "through": 1}}
-            (d / "gigpo.yaml").write_text(yaml.safe_dump(params))
-            runs[m] = MethodRun(d, d / "gigpo.yaml", d / "runs/gigpo", planned_jobs(d, "gigpo.yaml"))
-            args = ["--config", "params=gigpo.yaml"]
+            params["run"] = {"dir": f"runs/{m}", "base": {"params": "params.yaml", "through": 1}}
+            (d / f"{m}.yaml").write_text(yaml.safe_dump(params))
+            runs[m] = MethodRun(d, d / f"{m}.yaml", d / f"runs/{m}", planned_jobs(d, f"{m}.yaml"))
+            args = ["--config", f"params={m}.yaml"]
         else:
             shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
             params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
             (d / "params.yaml").write_text(yaml.safe_dump(params))
             runs[m] = MethodRun(d, d / "params.yaml", d / "results", planned_jobs(d))
-            args = [] if m in EVALUATED_METHOD_RUNS else [LAST_UPDATE]
+            args = []
             if m not in EVALUATED_METHOD_RUNS:     # GRPO's evaluation and report, which this run does not redo
+                args = [LAST_UPDATE]
                 shutil.rmtree(d / "results/report")
                 for f in d.glob("results/iter_[12]/eval*"):
                     f.unlink()
