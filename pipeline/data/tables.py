@@ -4,11 +4,14 @@ Column names follow Minari/TorchRL (`episode_id`, `step`, `reward`, `terminated`
 columns as verl does (prompt and response ids, the response's per-token log-probs).
 
 A read accepts what other tools write for the declared columns: string, large_string, string_view and
-dictionary-encoded strings; list, large_list and list views; integers and floats of another width when every
-value fits. It casts them to the declared schema. It then checks the content and stops at the first problem,
-with one line naming the file, the column, the first offending turn and what was expected:
+dictionary-encoded strings; list, large_list and list views; integers and floats of another width, and integers
+stored as floats (pandas' nullable integers), when every value fits. It casts them to the declared schema; a step
+table without the branching columns (`BRANCH_DEFAULTS`) reads as plain rollouts. It then checks the content and
+stops at the first problem, with one line naming the file, the column, the first offending turn and what was
+expected:
 - the table is not empty (where the table requires rows);
-- no column holds nulls, except those declared nullable (a step table's `action` and `env_error`);
+- no column holds nulls, except those declared nullable (a step table's `action`, `env_error`, `entropy` and its
+  branching columns);
 - (episode_id, step) is unique, and the steps of each episode run 0, 1, 2, ... (step tables);
 - the reward, log-prob, score and advantage columns hold finite numbers.
 `check_same_turns` checks that a table joined to the step table covers exactly its turns.
@@ -41,6 +44,7 @@ class Table:
     nullable: tuple[str, ...] = ()   # the columns that may hold nulls; every other must not
     empty_ok: bool = False
     what: str = "turn"               # what one row is, for messages
+    defaults: dict | None = None     # columns a read fills with this value where the file has none
 
     @property
     def names(self) -> list[str]:
@@ -69,10 +73,18 @@ STEPS_SCHEMA = pa.schema([
     ("episode_length", pa.int32()),
     ("success", pa.bool_()),
     ("env_error", pa.string()),       # null unless the environment raised during this episode
+    ("entropy", pa.float64()),        # ARPO's entropy of the response's first tokens; null where not computed
+    ("parent_episode", pa.int64()),   # a branch's parent episode (rollout.branching); null for a global trajectory
+    ("branch_turn", pa.int32()),      # a branch's first sampled turn (the turns before it are its parent's)
+    ("shared", pa.bool_()),           # the turn is copied from the parent episode, not sampled in this one
 ])
 
+# the branching columns, as a table written before them (or by another tool) reads: plain rollouts
+BRANCH_DEFAULTS = {"entropy": None, "parent_episode": None, "branch_turn": None, "shared": False}
+
 STEPS = Table(STEPS_SCHEMA, contiguous=True, finite=("reward", "episode_return", "response_logprobs"),
-              nullable=("action", "env_error"))
+              nullable=("action", "env_error", "entropy", "parent_episode", "branch_turn"),
+              defaults=BRANCH_DEFAULTS)
 
 GROUPS_SCHEMA = pa.schema([
     ("episode_id", pa.int64()),
@@ -139,9 +151,13 @@ def _schema(table: Table | pa.Schema) -> pa.Schema:
 
 
 def write_table(df: pl.DataFrame, path: str | Path, table: Table | pa.Schema) -> None:
-    """Write `df` with exactly the declared columns and types, to a temporary name and then rename."""
+    """Write `df` with exactly the declared columns and types, to a temporary name and then rename. A column with a
+    declared default (`Table.defaults`) that the frame lacks is written with that value."""
     path = Path(path)
     schema = _schema(table)
+    if isinstance(table, Table) and table.defaults:
+        df = df.with_columns(pl.lit(v, dtype=pl.from_arrow(pa.array([], schema.field(k).type)).dtype).alias(k)
+                             for k, v in table.defaults.items() if k not in df.columns)
     missing = [n for n in schema.names if n not in df.columns]
     if missing:
         raise TableError(f"{path}: cannot write, columns {missing} are missing from the frame")
@@ -162,7 +178,8 @@ _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
 
 def equivalent(got: pa.DataType, want: pa.DataType) -> bool:
     """Whether a column of type `got` holds what the declared `want` holds (string and list variants,
-    dictionary-encoded values, integers or floats of another width); the cast then checks each value fits."""
+    dictionary-encoded values, integers or floats of another width, integers stored as floats); the cast then checks
+    each value fits."""
     if got == want:
         return True
     if pa.types.is_dictionary(got):
@@ -175,6 +192,8 @@ def equivalent(got: pa.DataType, want: pa.DataType) -> bool:
         return equivalent(got.value_type, want.value_type)
     if pa.types.is_integer(got) and pa.types.is_integer(want):
         return True
+    if pa.types.is_floating(got) and pa.types.is_integer(want):   # pandas stores a nullable integer as float; the
+        return True                                               # safe cast refuses a fraction
     return pa.types.is_floating(got) and pa.types.is_floating(want)
 
 
@@ -259,6 +278,10 @@ def read_table(path: str | Path, table: Table | pa.Schema) -> pl.DataFrame:
         arrow = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise TableError(f"{path}: not a readable Parquet file (truncated or corrupted?): {e}") from None
+    if isinstance(table, Table) and table.defaults:
+        for name, value in table.defaults.items():
+            if name not in arrow.schema.names:
+                arrow = arrow.append_column(name, pa.array([value] * arrow.num_rows, schema.field(name).type))
     df = pl.from_arrow(conform(arrow, schema, path))
     if isinstance(table, Table):
         check_rows(df, table, path)
