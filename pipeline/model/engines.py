@@ -11,7 +11,9 @@
   automatic binding keeps one core for its front end and pins the worker to the rest, while torch keeps the
   stage's thread count, so on 2 cores two threads spin on one core (10x slower sampling, docs/models.md).
 
-Both return `pipeline.model.policy.Generation`s, so the step table is the same whichever engine sampled it.
+Both return `pipeline.model.policy.Generation`s, so the step table is the same whichever engine sampled it; asked
+for an `EntropySpec`, both add ARPO's entropy of the response's first tokens, vLLM from its top-k log-probs and
+`generate` from the same top-k of its logits.
 """
 
 from __future__ import annotations
@@ -23,7 +25,17 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
-from pipeline.model.policy import Generation, adapter_base, generate, is_adapter, load_policy, mix_seed, resolve_device
+from pipeline.model.policy import (
+    EntropySpec,
+    Generation,
+    adapter_base,
+    arpo_entropy,
+    generate,
+    is_adapter,
+    load_policy,
+    mix_seed,
+    resolve_device,
+)
 
 # head sizes vLLM's CPU attention kernels accept (vLLM 0.32: csrc/cpu/attention)
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
@@ -38,8 +50,8 @@ class HFSampler:
         model.eval()
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: int | list[int]) -> list[Generation]:
-        return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed)
+                 seed: int | list[int], entropy: EntropySpec | None = None) -> list[Generation]:
+        return generate(self.model, self.tokenizer, prompt_ids, max_new_tokens, temperature, seed, entropy)
 
     def reset_cache(self) -> None:
         pass
@@ -109,13 +121,14 @@ class VLLMSampler:
         self.label = f"vllm, prefix caching {'on' if self.prefix_caching else 'off'}"
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-                 seed: int | list[int]) -> list[Generation]:
+                 seed: int | list[int], entropy: EntropySpec | None = None) -> list[Generation]:
         from vllm import SamplingParams  # optional: vLLM
 
         if isinstance(seed, int):   # one seed for the call: one per prompt derived from it, as `generate` does
             seed = [mix_seed(seed, i) for i in range(len(prompt_ids))]
         eos = self.tokenizer.eos_token_id
-        params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+        params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens,
+                                 logprobs=entropy.top_k if entropy else 0,
                                  stop_token_ids=[eos], detokenize=False, top_k=0, top_p=1.0, min_p=0.0,
                                  repetition_penalty=1.0, seed=s if self.per_request_seed else None)
                   for s in seed]
@@ -126,7 +139,11 @@ class VLLMSampler:
             c = out.outputs[0]
             ids = list(c.token_ids)
             logps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
-            results.append(Generation(ids, logps, self.tokenizer.decode(ids, skip_special_tokens=True)))
+            h = None
+            if entropy is not None:   # vLLM adds the sampled token where it is not in the top-k: the k largest
+                h = arpo_entropy([sorted((float(x.logprob) for x in step.values()), reverse=True)[:entropy.top_k]
+                                  for step in c.logprobs[:entropy.tokens]], entropy.vocab)
+            results.append(Generation(ids, logps, self.tokenizer.decode(ids, skip_special_tokens=True), h))
         return results
 
     def reset_cache(self) -> None:

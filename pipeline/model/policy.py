@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -223,6 +224,26 @@ class Generation:
     response_ids: list[int]
     logprobs: list[float]
     text: str
+    entropy: float | None = None   # ARPO's entropy of the first tokens (`arpo_entropy`), when asked for
+
+
+@dataclass(frozen=True)
+class EntropySpec:
+    """What `arpo_entropy` reads of a response: its first `tokens` positions, each position's `top_k` most likely
+    candidates, normalised by log `vocab` (ARPO's rollout, docs/credit-assignment.md, Branching rollouts)."""
+    tokens: int
+    top_k: int
+    vocab: int
+
+
+def arpo_entropy(candidates: list[list[float]], vocab: int) -> float:
+    """ARPO's uncertainty of a response: -sum p log p over the candidates' log-probs `candidates` (one list per
+    position: its top-k, not renormalised), summed over the positions, divided by log `vocab`."""
+    total = 0.0
+    for position in candidates:
+        for lp in position:
+            total -= math.exp(lp) * lp
+    return total / math.log(vocab)
 
 
 # Generation settings that a model folder's generation_config.json may set (Qwen2.5-Instruct sets
@@ -242,10 +263,12 @@ class _SampledLogprobs:
     ([batch, vocab]) until the next call, whose `input_ids` end with the token sampled from it; `finish` gathers
     the last one. Memory is one step's log-softmax, whatever the number of new tokens."""
 
-    def __init__(self, temperature: float):
+    def __init__(self, temperature: float, entropy: EntropySpec | None = None):
         self.temperature = temperature
+        self.entropy = entropy
         self.pending: torch.Tensor | None = None
         self.columns: list[torch.Tensor] = []
+        self.candidates: list[torch.Tensor] = []   # per position (the first entropy.tokens): [batch] -sum p log p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
@@ -257,7 +280,11 @@ class _SampledLogprobs:
         return scores
 
     def _gather(self, tokens: torch.Tensor) -> None:
-        self.columns.append(self.pending.gather(1, tokens.unsqueeze(1)).squeeze(1).cpu())
+        chosen = self.pending.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        if self.entropy is not None and len(self.columns) < self.entropy.tokens:
+            top = self.pending.topk(self.entropy.top_k, dim=1).values   # the top-k candidates
+            self.candidates.append((-(top.exp() * top).sum(1)).double().cpu())
+        self.columns.append(chosen.cpu())
         self.pending = None
 
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
@@ -267,6 +294,14 @@ class _SampledLogprobs:
         if len(self.columns) != new_tokens.shape[1]:
             raise RuntimeError(f"generate: {len(self.columns)} log-prob columns for {new_tokens.shape[1]} new tokens")
         return torch.stack(self.columns, dim=1) if self.columns else torch.zeros(new_tokens.shape)
+
+    def entropies(self, lengths: list[int]) -> list[float | None]:
+        """Each row's `arpo_entropy` over its first min(tokens, length) positions (None without an EntropySpec)."""
+        if self.entropy is None:
+            return [None] * len(lengths)
+        terms = torch.stack(self.candidates, dim=1) if self.candidates else torch.zeros((len(lengths), 0))
+        scale = math.log(self.entropy.vocab)
+        return [float(terms[i, :min(n, terms.shape[1])].sum()) / scale for i, n in enumerate(lengths)]
 
 
 def mix_seed(*parts: int) -> int:
@@ -301,13 +336,14 @@ class _SeededSampling:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-             seed: int | list[int]) -> list[Generation]:
+             seed: int | list[int], entropy: EntropySpec | None = None) -> list[Generation]:
     """Sample one response per prompt (left-padded batch); greedy when temperature is 0.
 
     `seed` is one seed per prompt (an int: seeds derived from it and the row), and row i's tokens depend only on
     its seed and its prompt's logits. The log-probs are those of the sampling distribution (logits / temperature),
     one per response token; the response ends at the first EOS (kept) or at `max_new_tokens`. Only the sampled
-    tokens' log-probs are kept (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens.
+    tokens' log-probs are kept (`_SampledLogprobs`), so memory does not grow with vocabulary x new tokens. With
+    `entropy`, each Generation carries `arpo_entropy` of its first tokens, from the same distribution.
     """
     from transformers import LogitsProcessorList  # start-up cost: transformers
 
@@ -324,7 +360,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
         input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         attention[i, width - len(p):] = 1
     sample = temperature > 0
-    recorder = _SampledLogprobs(temperature if sample else 0.0)
+    recorder = _SampledLogprobs(temperature if sample else 0.0, entropy)
     processors = [recorder, _SeededSampling(temperature, seeds, device)] if sample else [recorder]
     sequences = model.generate(
         input_ids=input_ids.to(device),
@@ -339,13 +375,12 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     )
     new = sequences[:, width:].cpu()
     logp = recorder.finish(new)
+    rows = [r.tolist() for r in new]
+    lengths = [ids.index(eos) + 1 if eos in ids else len(ids) for ids in rows]
     results = []
-    for i in range(new.shape[0]):
-        ids = new[i].tolist()
-        n = ids.index(eos) + 1 if eos in ids else len(ids)
-        ids = ids[:n]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        results.append(Generation(ids, logp[i, :n].tolist(), text))
+    for ids, n, h in zip(rows, lengths, recorder.entropies(lengths), strict=True):
+        text = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        results.append(Generation(ids[:n], logp[len(results), :n].tolist(), text, h))
     return results
 
 
