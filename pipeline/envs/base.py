@@ -15,7 +15,10 @@ Optional capabilities, present as methods where the environment has them (`has`,
   can no longer be solved), for the credit-quality oracle;
 - `expert_actions()`: the admissible commands that start an optimal continuation, for the warm start's
   demonstrations;
-- `task_score()`: a score of the episode so far in [0, 1] (partial credit), SPA's R_final where it exists.
+- `task_score()`: a score of the episode so far in [0, 1] (partial credit), SPA's R_final where it exists;
+- `snapshot()` / `restore(state)`: an opaque copy of the current state, and putting a freshly made environment in
+  that state (task included), for branching rollouts; without them a branch replays its parent's responses from
+  `reset(task)` (`pipeline.rollout.branching`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ CAPABILITIES = {
     "oracle_distance": "an exact distance to the goal (the credit-quality oracle)",
     "expert_actions": "an expert that names optimal actions (the warm start's demonstrations)",
     "task_score": "a task score in [0, 1]",
+    "snapshot": "a copy of its state that restore() puts a new environment in (branching without replay)",
 }
 
 
@@ -76,6 +80,9 @@ class EnvSpec:
     # words(config) -> strings the tiny model's tokenizer adds whole (ids a small model must copy from its prompt:
     # one token is copied by one attention lookup, a string of BPE pieces needs a learned copy circuit), or None
     words: Callable[[Any], list[str]] | None = None
+    # tool_call(action) -> whether an executed action calls a tool (a search engine, a database): the rollout counts
+    # them, sampled and shared apart (rollout.branching); None where the environment has no tools
+    tool_call: Callable[[str], bool] | None = None
     # modules the environment's engine needs, and the packages that install them (for the error when one is missing)
     requires: tuple[str, ...] = ()
     packages: str = ""

@@ -441,6 +441,13 @@ class SearchEnv:
     def task_score(self) -> float:
         return f1_score(self.answer, self.question.answers) if self.answer is not None else 0.0
 
+    def snapshot(self) -> tuple:
+        return self.question, tuple(self.found), self.text, self.turn, self.answer
+
+    def restore(self, snap: tuple) -> None:
+        self.question, found, self.text, self.turn, self.answer = snap
+        self.found = list(found)
+
 
 class PlannedSearchEnv(SearchEnv):
     """Questions whose passages are known (the generated world's plans, HotpotQA's supporting facts): an oracle and
@@ -487,4 +494,5 @@ def name_words(cfg: SearchConfig) -> list[str]:
 
 
 SPEC = register(EnvSpec("search", SearchConfig, make, words=name_words, requires=("bm25s",),
+                        tool_call=lambda action: action.startswith("<search>"),
                         packages="the bm25s package"))

@@ -258,7 +258,8 @@ class SokobanConfig(EnvSection):
 
 
 class SokobanEnv:
-    """Capabilities: `oracle_distance` (the exact BFS solver) and `expert_actions` (its optimal moves)."""
+    """Capabilities: `oracle_distance` (the exact BFS solver), `expert_actions` (its optimal moves) and
+    `snapshot`/`restore`."""
     name = "sokoban"
     actions = ACTIONS
 
@@ -298,6 +299,13 @@ class SokobanEnv:
 
     def oracle_distance(self) -> float:
         return self.solver().distance(self.state)
+
+    def snapshot(self) -> tuple:
+        return self.room, self.state, self.turn     # immutable: the room is frozen, a state is tuples
+
+    def restore(self, snap: tuple) -> None:
+        self.room, self.state, self.turn = snap
+        self._solver = None
 
     def expert_actions(self) -> list[str]:
         return self.solver().optimal_actions(self.state)

@@ -404,6 +404,15 @@ class WebShopEnv:
     def task_score(self) -> float:
         return self.state.score if self.state.kind == "done" else 0.0
 
+    def snapshot(self) -> tuple:
+        return self.goal, self.state, self.turn      # a goal and a page are frozen
+
+    def restore(self, snap: tuple) -> None:
+        if snap[0] != self.goal:                     # the planner's caches are per goal
+            self._dist.clear()
+            self._clicks.clear()
+        self.goal, self.state, self.turn = snap
+
     def oracle_distance(self) -> float:
         return self.distance(self.state)
 
@@ -481,4 +490,5 @@ def id_words(cfg: WebShopConfig) -> list[str]:
 
 
 SPEC = register(EnvSpec("webshop", WebShopConfig, WebShopEnv, requires=("bm25s", "thefuzz", "spacy"),
+                        tool_call=lambda action: action.strip().startswith("search["),
                         packages="the bm25s, thefuzz and spacy packages", words=id_words))
