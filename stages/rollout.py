@@ -1,10 +1,12 @@
 """Stage `rollout`: iteration i's policy (the checkpoint of i-1; of i-2 with `loop.off_policy_lag: 1`) plays G
 episodes of each training task.
 
-Writes the step table (`tables.STEPS`): one row per turn with the observation, the anchor, prompt and response
-token ids, the rollout engine's per-token log-probs, the action, its validity, the reward and the episode's
-return and success. With `rollout.shards: N` the stage runs as N jobs (`--shard K`, each playing a slice of whole
-batches into `shards/rollout_K.parquet`) and a merge job (`--merge`) that writes the same step table.
+Writes the step table (`tables.STEPS`): one row per turn with the observation, the anchor, prompt and response token
+ids, the rollout engine's per-token log-probs, the action, its validity, the reward and the episode's return and
+success. With `rollout.branching` a task's episodes branch from each other's states (`pipeline.rollout.branching`;
+`parent_episode`, `branch_turn` and `shared` say which turns are copies, and the metrics count sampled and shared
+turns and tool calls apart). With `rollout.shards: N` the stage runs as N jobs (`--shard K`, each playing a slice of
+whole batches into `shards/rollout_K.parquet`) and a merge job (`--merge`) that writes the same step table.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import polars as pl
 from pipeline.config.params import GROUPS_PER_ITERATION
 from pipeline.data import paths, tables
 from pipeline.data.seeds import stage_seed, task_seed
+from pipeline.envs.base import spec_of
 from pipeline.model.engines import open_sampler
+from pipeline.rollout.branching import rollout_counts
 from pipeline.rollout.episodes import EpisodeSpec, check_env_errors, episode_summary, play_with_params
 from pipeline.rollout.shards import merge_shards, shard_of, shard_options
 from pipeline.workflow.cli import parse_args, stage_job
@@ -46,7 +50,7 @@ def play(ctx, specs: list[EpisodeSpec]) -> tuple[pl.DataFrame, float]:
     started = time.perf_counter()
     with closing(sampler):   # vLLM's merged copy of a LoRA checkpoint goes with it
         steps = play_with_params(p, sampler, tokenizer, specs, temperature=p.rollout.temperature, seed=seed,
-                                 progress=ctx.log)
+                                 progress=ctx.log, branch=True)
     return steps.with_columns(pl.lit(it, dtype=pl.Int32).alias("iteration")), time.perf_counter() - started
 
 
@@ -84,6 +88,8 @@ def finish(ctx, steps: pl.DataFrame, tracker) -> None:
     faults = check_env_errors(steps, p.faults.max_env_error_share, f"rollout, iteration {it}")
     tables.write_table(steps, ctx.path(paths.STEPS), tables.STEPS)
     summary = episode_summary(steps) | faults
+    if p.rollout.branching.mode != "none":
+        summary |= rollout_counts(steps, spec_of(p.env).tool_call)
     summary["response_tokens_mean"] = float(steps["response_ids"].list.len().mean())
     tracker.log_metrics({f"train/{k}": v for k, v in summary.items()}, step=it, parent=True)
     ctx.log(f"wrote {ctx.path(paths.STEPS)}: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))

@@ -33,6 +33,7 @@ from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
 from pipeline.model.policy import load_policy, load_trainable, save_policy
 from pipeline.model.ppo import ppo_update, shared_logprobs
+from pipeline.rollout.branching import attribute
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
 
@@ -94,13 +95,20 @@ def main(argv=None) -> None:
 
 
 def read_turns(ctx) -> Turns:
-    """Iteration i's turns with a response, joined with their advantages (finite: checked on read)."""
+    """Iteration i's turns with a response, joined with their advantages (finite: checked on read); a branching
+    rollout's shared turns as `credit.attribution` says (`pipeline.rollout.branching.attribute`)."""
     steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).select(
-        "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs")
+        "episode_id", "step", "task_group", "prompt_ids", "response_ids", "response_logprobs", "parent_episode",
+        "branch_turn", "shared")
     adv = tables.read_table(ctx.path(paths.ADVANTAGES), tables.ADVANTAGES)
     tables.check_same_turns(steps, ctx.path(paths.STEPS), adv, ctx.path(paths.ADVANTAGES), "advantages")
     table = steps.join(adv, on=["episode_id", "step"], how="inner").sort("episode_id", "step")
-    table = table.filter(pl.col("response_ids").list.len() > 0)
+    mode = ctx.params.credit.attribution
+    attributed = attribute(table, mode)
+    if attributed.height != table.height:
+        ctx.log(f"credit.attribution hard: {table.height - attributed.height} copies of shared turns merged into "
+                f"the {attributed.height} sampled turns")
+    table = attributed.filter(pl.col("response_ids").list.len() > 0)
     return Turns(table["prompt_ids"].to_list(), table["response_ids"].to_list(), table["advantage"].to_list(),
                  table["response_logprobs"].to_list())
 

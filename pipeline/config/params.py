@@ -141,6 +141,30 @@ class VllmSettings(Section):
                                  "engines)")
 
 
+class BranchingSettings(Section):
+    """`rollout.branching`: ARPO's adaptive rollout (docs/credit-assignment.md, Branching rollouts). Of a task's
+    `rollout.group_size` (M) episodes, `initial` start as whole trajectories; after every turn each live path may
+    hand `beam - 1` copies of its state to new episodes that share its turns so far and sample on from there."""
+    mode: Literal["none", "entropy", "uniform"] = Field(
+        "none", description="none: M independent episodes per task; entropy: a path branches after a turn with "
+        "probability rising with the turn's entropy above its first turn's (ARPO); uniform: the same budget and "
+        "rule with the entropy term left out, so branch points fall on turns at random (the control)")
+    initial: int | None = Field(None, ge=1, description="global trajectories started per task (N); null: half "
+                                "of rollout.group_size (ARPO: 8 of 16)")
+    beam: int = Field(2, ge=2, le=64, description="a branching path and its copies: beam - 1 copies at most per "
+                      "path and turn")
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="tau: a copy branches when clip(U - beta * dH, 0, "
+                             "1) <= tau, U uniform in [0, 1)")
+    entropy_weight: float = Field(0.2, ge=0.0, description="beta, the weight of dH = H(turn) - H(the path's first "
+                                  "turn)")
+    entropy_tokens: int = Field(20, ge=1, le=4096, description="H of a turn: its first this many response tokens")
+    top_logprobs: int = Field(10, ge=1, le=20, description="H sums -p log p over each position's top this many "
+                              "candidates and the sampled token, divided by log |V| (ARPO's normalisation)")
+
+    def initial_for(self, group_size: int) -> int:
+        return self.initial if self.initial is not None else max(1, group_size // 2)
+
+
 class RolloutConfig(Section):
     tasks_per_iteration: int = Field(32, ge=1, lt=GROUPS_PER_ITERATION, description="task groups per iteration")
     group_size: int = Field(8, ge=1, le=1000, description="episodes per task (G); episode ids are "
@@ -153,6 +177,16 @@ class RolloutConfig(Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="what samples in rollout and evaluate: hf (Hugging Face "
                                           "generate) or vllm (vLLM's offline engine; scripts/install-vllm)")
     vllm: VllmSettings = VllmSettings()
+    branching: BranchingSettings = Field(BranchingSettings(), description="adaptive branching of a task's "
+                                         "episodes from each other's states (ARPO); mode none by default")
+
+    @model_validator(mode="after")
+    def _branching_fits(self):
+        b = self.branching
+        if b.mode != "none" and b.initial_for(self.group_size) >= self.group_size:
+            raise ValueError(f"branching.initial ({b.initial_for(self.group_size)}) must be below group_size "
+                             f"({self.group_size}): the episodes beyond the initial ones are the branches")
+        return self
 
 
 METHOD_NAMES: tuple[str, ...] = tuple(METHODS)  # the registered credit methods, in listing order
@@ -166,6 +200,10 @@ class _CreditBase(Section):
                                    "after every normalisation (docs/credit-assignment.md, Invalid actions)")
     episode: EpisodeConfig = Field(EpisodeConfig(), description="the episode-level term A^E every method with one "
                                    "shares (docs/credit-assignment.md, Episode level, shared)")
+    attribution: Literal["soft", "hard"] = Field(
+        "soft", description="with rollout.branching: how the update trains a turn that branches share (copied "
+        "from the parent, not sampled again). soft: every copy with its own episode's advantage (ARPO's code); "
+        "hard: the turn once, with the mean advantage of its copies (docs/credit-assignment.md, Branching rollouts)")
 
     @property
     def method_def(self) -> Method:

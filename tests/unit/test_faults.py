@@ -49,7 +49,7 @@ def play(monkeypatch, script: list[list[str | bytes]], raise_at=(), max_turns: i
         m = re.search(r"episode=(\d+) turn=(\d+)", prompt)
         return [int(m[1]), int(m[2])]
 
-    def generate(model, tokenizer, prompt_ids, max_new_tokens, temperature, seed):
+    def generate(model, tokenizer, prompt_ids, max_new_tokens, temperature, seed, entropy=None):
         out = []
         for k, t in prompt_ids:
             text = script[k][min(t, len(script[k]) - 1)]
