@@ -5,6 +5,8 @@ The tiny policy here has head_dim 32 (hidden 64, 2 heads): vLLM's CPU attention 
 configuration's, which the sampler reports as a params error."""
 
 import json
+import math
+import re
 import subprocess
 import sys
 
@@ -43,7 +45,8 @@ def vllm_run(tmp_path_factory):
     params = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
     params["policy"]["tiny"].update(hidden_size=64, intermediate_size=128, num_attention_heads=2)
     params["policy"]["max_new_tokens"] = 8
-    params["rollout"].update(engine="vllm", temperature=0.8, tasks_per_iteration=4, group_size=4)
+    params["rollout"].update(engine="vllm", temperature=0.8, tasks_per_iteration=4, group_size=4,
+                             branching={"mode": "entropy", "threshold": 0.7})   # ARPO's rollout, on vLLM's top-k
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     stage(d, "init")
@@ -70,6 +73,42 @@ def test_vllm_rollout_logprobs_match_the_trainers(vllm_run):
     # a sampled response ends at EOS or at max_new_tokens, as HF's do
     eos = tok.eos_token_id
     assert all(r[-1] == eos or len(r) == 8 for r in responses)
+
+
+def test_vllm_and_the_trainer_agree_on_arpo_entropy(vllm_run):
+    """The branching rollout's entropies, from vLLM's top-10 log-probs, equal ARPO's quantity recomputed from the
+    trainer's logits (the first 20 positions' 10 most likely tokens at the sampling temperature, over log |V|), and
+    the tree it grew is whole: 4 episodes a task, branches holding their parents' turns."""
+    d = vllm_run
+    steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    sampled = steps.filter(~pl.col("shared") & (pl.col("response_ids").list.len() > 0))
+    model, tok = load_policy(d / "results/iter_0/checkpoint")
+    recomputed = []
+    for p, r in zip(sampled["prompt_ids"].to_list(), sampled["response_ids"].to_list()):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([p + r])).logits[0, len(p) - 1: -1].float() / 0.8, -1)
+        top = logp[:20].topk(10, -1).values
+        recomputed.append(float(-(top.exp() * top).sum()) / math.log(len(tok)))
+    assert sampled["entropy"].to_list() == pytest.approx(recomputed, rel=1e-3, abs=1e-5)
+    assert steps.group_by("task_group").agg(pl.col("episode_id").n_unique())["episode_id"].to_list() == [4] * 4
+    assert steps["shared"].any() and steps.filter(pl.col("shared"))["parent_episode"].null_count() == 0
+
+
+def test_the_stages_after_a_branching_rollout(vllm_run):
+    """group reports the branch points in one step group; the update with credit.attribution hard trains each
+    shared turn once."""
+    d = vllm_run
+    params = yaml.safe_load((d / "params.yaml").read_text())
+    params["credit"] = {"attribution": "hard"}
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    out = stage(d, "group", 1)
+    assert re.search(r"branch_points [1-9]\d*\.000, branch_points_grouped 1\.000", out.stdout + out.stderr)
+    stage(d, "advantages", 1)
+    steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
+    copies = int(steps["shared"].sum())
+    out = stage(d, "update", 1)
+    assert f"credit.attribution hard: {copies} copies of shared turns merged into the {steps.height - copies} " \
+           "sampled turns" in out.stdout + out.stderr
 
 
 def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
