@@ -1,0 +1,202 @@
+"""Benchmark: branching rollouts (ARPO) against independent episodes, at equal budget, paired seeds.
+
+    python -m bench.branching --params params.yaml --modes none uniform entropy --methods grpo gigpo --seeds 0 1 \\
+        --jobs 2 --cores 1 --work W --out OUT
+
+For each `rollout.branching.mode` the job of `--params` runs as `bench.learning` runs it (a base run per seed makes
+the initial policy and iteration 1's rollout, each method continues from it), with the mode set in every run: so the
+modes share each seed's initial policy and held-out tasks, and the methods of one mode share its first rollout.
+`--set rollout.group_size=K` (repeatable, as bench.learning's `--set`) gives the branching modes the same number of
+sampled turns as the plain one instead of the same number of episodes (`--label` names such an arm). Output in
+`--out`:
+
+- branching_curves.csv: held-out success per arm (mode, method), seed and iteration;
+- branching_rollouts.csv: per arm, seed and iteration, from the step tables and the rollout's benchmark file:
+  episodes, sampled and shared turns and tool calls per task, branches, the rollout's wall seconds, the share of
+  branch points in one step group and of sampled turns with a step signal (`pipeline.rollout.branching`), and the
+  oracle credit AUC of the advantages trained on (`pipeline.credit.oracle.run_credit`, where the environment has an
+  oracle);
+- branching.csv: per arm, the means over seeds and iterations of those, with the final and mean held-out success;
+- branching_verdicts.csv: per method, each branching mode against plain and entropy against uniform: the paired
+  difference in final and mean held-out success with a 95 % two-level bootstrap interval (`bench.verdicts`);
+- branching.png: the success curves per arm, and the sampled turns and tool calls per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import polars as pl
+
+from bench import log_run
+from bench.learning import collect, mean_curves, run_all
+from bench.verdicts import compare_methods, task_success, verdict_frame
+from pipeline.config.params import load_params
+from pipeline.credit.grouping import build_groups
+from pipeline.credit.oracle import run_credit
+from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.tables import GROUPS, STEPS, read_table, write_text_atomic
+from pipeline.envs.base import has, make_env, spec_of
+from pipeline.rollout.branching import branch_point_groups, rollout_counts
+
+MODES = ("none", "uniform", "entropy")
+
+
+def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
+    """Per iteration of one run: the rollout's counts per task, its wall time and step-group coverage."""
+    p = load_params(run / "params.yaml")
+    tool_call = spec_of(p.env).tool_call
+    results = run / "results"
+    rows = []
+    for d in sorted(results.glob("iter_*/steps.parquet"), key=lambda f: int(f.parent.name.split("_")[1])):
+        it = int(d.parent.name.split("_")[1])
+        steps = read_table(d, STEPS)
+        tasks = steps["task_group"].n_unique()
+        counts = rollout_counts(steps, tool_call)
+        groups = (read_table(d.parent / "groups.parquet", GROUPS) if (d.parent / "groups.parquet").is_file()
+                  else build_groups(steps))
+        bench_file = results / "benchmarks" / f"rollout_{it}.tsv"
+        seconds = float(pl.read_csv(bench_file, separator="\t")["s"][0]) if bench_file.is_file() else None
+        row = {"arm": arm, "method": method, "seed": seed, "iteration": it,
+               "episodes_per_task": steps["episode_id"].n_unique() / tasks,
+               "sampled_turns_per_task": counts["sampled_turns"] / tasks,
+               "shared_turns_per_task": counts["shared_turns"] / tasks, "branches_per_task": counts["branches"] / tasks,
+               "train_success": float(steps.group_by("episode_id").agg(pl.col("success").first())["success"].mean()),
+               "rollout_seconds": seconds}
+        if tool_call is not None:
+            row |= {"sampled_tool_calls_per_task": counts["sampled_tool_calls"] / tasks,
+                    "shared_tool_calls_per_task": counts["shared_tool_calls"] / tasks}
+        row |= branch_point_groups(steps, groups)
+        rows.append(row)
+    frame = pl.DataFrame(rows)
+    if has(make_env(p.env), "oracle_distance"):
+        credit = run_credit(results, p).select("iteration", pl.col("auc").alias("oracle_auc"),
+                                               pl.col("auc_step_term").alias("oracle_auc_step_term"))
+        frame = frame.join(credit, on="iteration", how="left")
+    return frame.to_dicts()
+
+
+def collect_all(work: Path, arms: list[str], methods: list[str], seeds: list[int]) -> tuple[pl.DataFrame, ...]:
+    curves, rollouts = [], []
+    for arm in arms:
+        c = collect(work / arm, methods, seeds).with_columns(pl.lit(arm).alias("arm"))
+        curves.append(c)
+        for m in methods:
+            for s in seeds:
+                rollouts += rollout_rows(work / arm / f"{m}_s{s}", arm, m, s)
+    curves = pl.concat(curves).select("arm", "method", "seed", "iteration", "success_rate")
+    return curves, pl.DataFrame(rollouts)
+
+
+def summarise(curves: pl.DataFrame, rollouts: pl.DataFrame) -> pl.DataFrame:
+    last = curves["iteration"].max()
+    success = curves.group_by("arm", "method", "seed", maintain_order=True).agg(
+        pl.col("success_rate").filter(pl.col("iteration") == last).first().alias("final"),
+        pl.col("success_rate").mean().alias("auc")).group_by("arm", "method", maintain_order=True).agg(
+        pl.len().alias("seeds"), pl.col("final").mean().alias("final_mean"), pl.col("final").std().alias("final_std"),
+        pl.col("auc").mean().alias("auc_mean"))
+    numeric = [c for c in rollouts.columns if c not in ("arm", "method", "seed", "iteration")]
+    means = rollouts.group_by("arm", "method", maintain_order=True).agg(pl.col(numeric).mean())
+    return success.join(means, on=["arm", "method"], how="left")
+
+
+def verdicts(work: Path, arms: list[str], methods: list[str], seeds: list[int]) -> tuple[pl.DataFrame, list[str]]:
+    """Per method, every arm against the plain one (the first arm) and, where both ran, entropy against uniform."""
+    found, panels = [], []
+    for m in methods:
+        tables = {(a, s): task_success(work / a / f"{m}_s{s}" / "results") for a in arms for s in seeds}
+        pairs = [(arms[0], [a for a in arms[1:]])]
+        if "entropy" in arms and "uniform" in arms:
+            pairs.append(("uniform", ["entropy"]))
+        for base, others in pairs:
+            v, panel = compare_methods({k: t for k, t in tables.items() if k[0] in (base, *others)}, base)
+            for x in v:
+                x.method, x.sentence = f"{m}/{x.method}", f"{m}: {x.sentence}"
+            found += v
+            panels.append(f"{m}: {panel}")
+    return verdict_frame(found), panels
+
+
+def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=120)
+    c = curves.with_columns((pl.col("method") + " / " + pl.col("arm")).alias("run"))
+    mean_curves(axes[0], c, "run", lambda run, n: f"{run} (n={n})")
+    axes[0].set_title("Held-out success: mean ± std over seeds")
+    ax = axes[1]
+    per = rollouts.group_by("arm", "method", maintain_order=True).agg(pl.col("sampled_turns_per_task").mean(),
+                                                                     pl.col("shared_turns_per_task").mean())
+    labels = [f"{m}\n{a}" for a, m in zip(per["arm"], per["method"])]
+    x = range(per.height)
+    ax.bar(x, per["sampled_turns_per_task"], label="sampled turns per task")
+    ax.bar(x, per["shared_turns_per_task"], bottom=per["sampled_turns_per_task"], label="shared (copied) turns")
+    if "sampled_tool_calls_per_task" in rollouts.columns:
+        calls = rollouts.group_by("arm", "method", maintain_order=True).agg(pl.col("sampled_tool_calls_per_task")
+                                                                           .mean())
+        ax.plot(list(x), calls["sampled_tool_calls_per_task"], "ko", label="sampled tool calls per task")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("per task and iteration")
+    ax.set_title("Turns per task: sampled and copied")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    save_figure(fig, path)
+
+
+def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True):
+    curves, rollouts = collect_all(work, arms, methods, seeds)
+    table = summarise(curves, rollouts)
+    verdict_table, panels = verdicts(work, arms, methods, seeds)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "branching_curves.csv", curves.write_csv())
+    write_text_atomic(out / "branching_rollouts.csv", rollouts.write_csv())
+    write_text_atomic(out / "branching.csv", table.write_csv())
+    if verdict_table.height:
+        write_text_atomic(out / "branching_verdicts.csv", verdict_table.write_csv())
+    plot(curves, rollouts, out / "branching.png")
+    with pl.Config(tbl_rows=30, tbl_cols=20, tbl_width_chars=220, float_precision=3):
+        print(table)
+    print("\n".join(panels))
+    if verdict_table.height:
+        print("\n".join(verdict_table["sentence"].to_list()))
+    if log:
+        log_run("branching", {"arms": arms, "methods": methods, "seeds": seeds, "work": str(work.resolve())},
+                {f"{r['method']}_{r['arm']}_final_mean": r["final_mean"] for r in table.iter_rows(named=True)},
+                [out / f for f in ("branching.csv", "branching_curves.csv", "branching_rollouts.csv",
+                                   "branching_verdicts.csv", "branching.png") if (out / f).exists()])
+    return table
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key in every run")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="the arms; the first is the "
+                    "baseline of the verdicts")
+    ap.add_argument("--label", nargs="+", default=None, help="a name per mode for its work folder (default: the "
+                    "mode), e.g. to keep an equal-turns arm beside an equal-episodes one")
+    ap.add_argument("--mode-set", action="append", default=[], metavar="MODE:KEY=VALUE",
+                    help="override a key in one mode's runs only, e.g. entropy:rollout.group_size=12")
+    ap.add_argument("--methods", nargs="+", default=["grpo", "gigpo"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--work", type=Path, default=Path("results/bench/branching"))
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--no-mlflow", action="store_true")
+    args = ap.parse_args(argv)
+    labels = args.label or list(args.modes)
+    if len(labels) != len(args.modes):
+        raise SystemExit(f"error: {len(labels)} labels for {len(args.modes)} modes")
+    if not args.report_only:
+        for mode, label in zip(args.modes, labels):
+            own = [s.split(":", 1)[1] for s in args.mode_set if s.split(":", 1)[0] in (mode, label)]
+            run_all(args.params, args.methods, args.seeds, args.work / label, args.jobs, args.cores,
+                    [*args.set, f"rollout.branching.mode={mode}", *own])
+    report(args.work, labels, args.methods, args.seeds, args.out, log=not args.no_mlflow)
+
+
+if __name__ == "__main__":
+    main()
