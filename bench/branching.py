@@ -3,12 +3,11 @@
     python -m bench.branching --params params.yaml --modes none uniform entropy --methods grpo gigpo --seeds 0 1 \\
         --jobs 2 --cores 1 --work W --out OUT
 
-For each `rollout.branching.mode` the job of `--params` runs as `bench.learning` runs it (a base run per seed makes
-the initial policy and iteration 1's rollout, each method continues from it), with the mode set in every run: so the
-modes share each seed's initial policy and held-out tasks, and the methods of one mode share its first rollout.
-`--set rollout.group_size=K` (repeatable, as bench.learning's `--set`) gives the branching modes the same number of
-sampled turns as the plain one instead of the same number of episodes (`--label` names such an arm). Output in
-`--out`:
+One base run per seed makes the initial policy and its held-out evaluation (`results/iter_0/`); every arm (a
+`rollout.branching.mode`, with `--mode-set` keys of its own) and method continues from it (`run.base`, through
+iteration 0), so all runs of a seed share the initial policy and the held-out tasks, and the runs of one arm sample
+the same first rollout. `--mode-set entropy:rollout.group_size=K` gives a branching arm as many sampled turns as
+the plain one instead of as many episodes (`--label` names such an arm). Output in `--out`:
 
 - branching_curves.csv: held-out success per arm (mode, method), seed and iteration;
 - branching_rollouts.csv: per arm, seed and iteration, from the step tables and the rollout's benchmark file:
@@ -26,14 +25,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
+import yaml
 
 from bench import log_run
-from bench.learning import collect, mean_curves, run_all
+from bench.learning import _params, _snakemake, _workflow, collect, mean_curves
 from bench.verdicts import compare_methods, task_success, verdict_frame
-from pipeline.config.params import load_params
+from pipeline.config.params import apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
@@ -42,6 +43,43 @@ from pipeline.envs.base import has, make_env, spec_of
 from pipeline.rollout.branching import branch_point_groups, rollout_counts
 
 MODES = ("none", "uniform", "entropy")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], seeds: list[int], work: Path,
+            jobs: int, cores: int, sets: list[str] = ()) -> None:
+    """The base run of each seed (initial policy and its evaluation), then every arm's runs (`arms`: label -> its
+    own overrides), `jobs` at a time."""
+    for own in arms.values():   # every arm's params checked before any work
+        check_dependencies(with_overrides(load_params(params_file), [*sets, *own]), params_file)
+    uri = f"sqlite:///{ROOT / 'mlflow.db'}"
+    plain = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+
+    def base_run(seed: int) -> None:
+        d = work / f"base_s{seed}"
+        _workflow(d)
+        (d / "params.yaml").write_text(yaml.safe_dump(_params(plain, methods[0], seed, uri)))
+        _snakemake(d, max(cores, cores * jobs // len(seeds)), "results/iter_0/eval.parquet")
+
+    runs = []
+    for label, own in arms.items():
+        base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, [*sets, *own])
+        for s in seeds:
+            for m in methods:
+                d = work / label / f"{m}_s{s}"
+                _workflow(d)
+                p = _params(base, m, s, uri)
+                p["run"] = {"dir": "results", "base": {"params": str((work / f"base_s{s}" / "params.yaml").resolve()),
+                                                       "through": 0}}
+                (d / "params.yaml").write_text(yaml.safe_dump(p))
+                runs.append(d)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(base_run, seeds))
+        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
+    failed = {d: f.exception() for d, f in futures.items() if f.exception() is not None}
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
+            f"{d.parent.name}/{d.name}: {str(e).splitlines()[0]}" for d, e in failed.items()))
 
 
 def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
@@ -191,10 +229,10 @@ def main(argv=None) -> None:
     if len(labels) != len(args.modes):
         raise SystemExit(f"error: {len(labels)} labels for {len(args.modes)} modes")
     if not args.report_only:
-        for mode, label in zip(args.modes, labels):
-            own = [s.split(":", 1)[1] for s in args.mode_set if s.split(":", 1)[0] in (mode, label)]
-            run_all(args.params, args.methods, args.seeds, args.work / label, args.jobs, args.cores,
-                    [*args.set, f"rollout.branching.mode={mode}", *own])
+        arms = {label: [f"rollout.branching.mode={mode}",
+                        *(s.split(":", 1)[1] for s in args.mode_set if s.split(":", 1)[0] in (mode, label))]
+                for mode, label in zip(args.modes, labels)}
+        run_all(args.params, arms, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
     report(args.work, labels, args.methods, args.seeds, args.out, log=not args.no_mlflow)
 
 

@@ -254,3 +254,35 @@ def test_update_fit_smoke(grpo_run, tmp_path, capsys):
     assert f"iteration 1: {rows.height} turns" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="iter_9"):
         update_fit.run(grpo_run, 9, tmp_path)
+
+
+@pytest.mark.e2e
+def test_branching_smoke(tmp_path):
+    """Plain and entropy-branching GiGPO from one initial policy, one iteration each, through every stage: the
+    initial policy is the base's (linked), the entropy arm's tasks hold exactly group_size episodes with copied turns,
+    its branch points fall into one step group, and the report pairs the arms."""
+    import yaml
+
+    from bench import branching
+
+    params = yaml.safe_load((branching.ROOT / "tests" / "tiny_params.yaml").read_text())
+    params["loop"] = {"iterations": 1}
+    params["tracking"] = {"enabled": False}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    work, out = tmp_path / "work", tmp_path / "out"
+    arms = {"none": ["rollout.branching.mode=none"],
+            "entropy": ["rollout.branching.mode=entropy", "rollout.branching.threshold=0.7"]}
+    branching.run_all(tmp_path / "p.yaml", arms, ["gigpo"], [0], work, jobs=2, cores=1)
+    ck = [work / a / "gigpo_s0/results/iter_0/checkpoint/model.safetensors" for a in arms]
+    assert ck[0].resolve() == ck[1].resolve() == (work / "base_s0/results/iter_0/checkpoint/model.safetensors")
+    table = branching.report(work, list(arms), ["gigpo"], [0], out, log=False)
+    rollouts = pl.read_csv(out / "branching_rollouts.csv")
+    plain, tree = (rollouts.filter(pl.col("arm") == a).row(0, named=True) for a in arms)
+    g = params["rollout"]["group_size"]
+    assert plain["episodes_per_task"] == tree["episodes_per_task"] == g
+    assert plain["shared_turns_per_task"] == 0 and plain["branches_per_task"] == 0
+    assert tree["shared_turns_per_task"] > 0 and tree["branches_per_task"] > 0 and tree["branch_points_grouped"] == 1.0
+    assert "oracle_auc" in rollouts.columns                              # scored against Sokoban's oracle
+    assert table["arm"].to_list() == ["none", "entropy"] and (out / "branching.png").stat().st_size > 0
+    final = pl.read_csv(out / "branching_verdicts.csv").row(0, named=True)
+    assert (final["method"], final["baseline"], final["metric"]) == ("gigpo/entropy", "none", "final")
