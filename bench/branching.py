@@ -10,8 +10,9 @@ the same first rollout. `--mode-set entropy:rollout.group_size=K` gives a branch
 the plain one instead of as many episodes (`--label` names such an arm). Output in `--out`:
 
 - branching_curves.csv: held-out success per arm (mode, method), seed and iteration;
-- branching_rollouts.csv: per arm, seed and iteration, from the step tables and the rollout's benchmark file:
-  episodes, sampled and shared turns and tool calls per task, branches, the rollout's wall seconds, the share of
+- branching_rollouts.csv: per arm, seed and iteration, from the step tables and the rollout's benchmark file and log:
+  episodes, sampled and shared turns and tool calls per task, branches, the rollout's wall seconds (the stage) and
+  its rounds of generation and their seconds (sampling and stepping, without start-up), the share of
   branch points in one step group and of sampled turns with a step signal (`pipeline.rollout.branching`), and the
   oracle credit AUC of the advantages trained on (`pipeline.credit.oracle.run_credit`, where the environment has an
   oracle);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -97,12 +99,13 @@ def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
                   else build_groups(steps))
         bench_file = results / "benchmarks" / f"rollout_{it}.tsv"
         seconds = float(pl.read_csv(bench_file, separator="\t")["s"][0]) if bench_file.is_file() else None
+        rounds, sampling = sampling_rounds(results / "logs" / f"rollout_{it}.log")
         row = {"arm": arm, "method": method, "seed": seed, "iteration": it,
                "episodes_per_task": steps["episode_id"].n_unique() / tasks,
                "sampled_turns_per_task": counts["sampled_turns"] / tasks,
                "shared_turns_per_task": counts["shared_turns"] / tasks, "branches_per_task": counts["branches"] / tasks,
                "train_success": float(steps.group_by("episode_id").agg(pl.col("success").first())["success"].mean()),
-               "rollout_seconds": seconds}
+               "rollout_seconds": seconds, "rounds": rounds, "sampling_seconds": sampling}
         if tool_call is not None:
             row |= {"sampled_tool_calls_per_task": counts["sampled_tool_calls"] / tasks,
                     "shared_tool_calls_per_task": counts["shared_tool_calls"] / tasks}
@@ -114,6 +117,24 @@ def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
                                                pl.col("auc_step_term").alias("oracle_auc_step_term"))
         frame = frame.join(credit, on="iteration", how="left")
     return frame.to_dicts()
+
+
+_LINE = re.compile(r"^\[rollout\[\d+\]\s+([\d.]+)s\] (sampling with|turn (\d+):)")
+
+
+def sampling_rounds(log: Path) -> tuple[int | None, float | None]:
+    """From a rollout's log: its rounds of generation (the last `turn N:` line) and the seconds from the engine's
+    start to the end of the last round (sampling and environment steps, without the stage's start-up)."""
+    if not log.is_file():
+        return None, None
+    start = end = rounds = None
+    for line in log.read_text().splitlines():
+        m = _LINE.match(line)
+        if m and m[3] is None:
+            start = float(m[1])
+        elif m:
+            end, rounds = float(m[1]), int(m[3])
+    return rounds, (end - start if start is not None and end is not None else None)
 
 
 def collect_all(work: Path, arms: list[str], methods: list[str], seeds: list[int]) -> tuple[pl.DataFrame, ...]:
