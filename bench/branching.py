@@ -11,7 +11,8 @@ the plain one instead of as many episodes (`--label` names such an arm). Output 
 
 - branching_curves.csv: held-out success per arm (mode, method), seed and iteration;
 - branching_rollouts.csv: per arm, seed and iteration, from the step tables and the rollout's benchmark file and log:
-  episodes, sampled and shared turns and tool calls per task, branches, the rollout's wall seconds (the stage) and
+  episodes, sampled and shared turns and tool calls per task, branches and their mean first sampled turn (where the
+  branch points fall), the rollout's wall seconds (the stage) and
   its rounds of generation and their seconds (sampling and stepping, without start-up), the share of
   branch points in one step group and of sampled turns with a step signal (`pipeline.rollout.branching`), and the
   oracle credit AUC of the advantages trained on (`pipeline.credit.oracle.run_credit`, where the environment has an
@@ -104,6 +105,7 @@ def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
                "episodes_per_task": steps["episode_id"].n_unique() / tasks,
                "sampled_turns_per_task": counts["sampled_turns"] / tasks,
                "shared_turns_per_task": counts["shared_turns"] / tasks, "branches_per_task": counts["branches"] / tasks,
+               "branch_turn_mean": steps.filter(pl.col("step") == 0)["branch_turn"].mean(),
                "train_success": float(steps.group_by("episode_id").agg(pl.col("success").first())["success"].mean()),
                "rollout_seconds": seconds, "rounds": rounds, "sampling_seconds": sampling}
         if tool_call is not None:
