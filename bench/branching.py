@@ -61,7 +61,9 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     def base_run(seed: int) -> None:
         d = work / f"base_s{seed}"
         _workflow(d)
-        (d / "params.yaml").write_text(yaml.safe_dump(_params(plain, methods[0], seed, uri)))
+        p = _params(plain, methods[0], seed, uri)
+        p["run"] = {"dir": "results"}                    # whatever folder the config names: the targets are here
+        (d / "params.yaml").write_text(yaml.safe_dump(p))
         _snakemake(d, max(cores, cores * jobs // len(seeds)), "results/iter_0/eval.parquet")
 
     runs = []
