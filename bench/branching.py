@@ -35,7 +35,7 @@ import polars as pl
 import yaml
 
 from bench import log_run
-from bench.learning import _params, _snakemake, _workflow, collect, mean_curves
+from bench.learning import _params, _snakemake, _workflow, collect
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
@@ -185,24 +185,43 @@ def verdicts(work: Path, arms: list[str], methods: list[str], seeds: list[int]) 
 def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=120)
-    c = curves.with_columns((pl.col("method") + " / " + pl.col("arm")).alias("run"))
-    mean_curves(axes[0], c, "run", lambda run, n: f"{run} (n={n})")
-    axes[0].set_title("Held-out success: mean ± std over seeds")
+    ax = axes[0]
+    arms = curves["arm"].unique(maintain_order=True).to_list()
+    colors = {a: f"C{k}" for k, a in enumerate(arms)}
+    styles = {m: s for m, s in zip(curves["method"].unique(maintain_order=True).to_list(), ("-", "--", ":", "-."))}
+    agg = curves.group_by("arm", "method", "iteration").agg(
+        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
+        pl.len().alias("n")).sort("iteration")
+    for method in styles:
+        for arm in arms:
+            d = agg.filter((pl.col("arm") == arm) & (pl.col("method") == method))
+            if d.height == 0:
+                continue
+            x, m, sd = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
+            ax.plot(x, m, styles[method], color=colors[arm], marker="o", ms=3,
+                    label=f"{method}, {arm} (n={int(d['n'].max())})")
+            ax.fill_between(x, m - sd, m + sd, color=colors[arm], alpha=0.06)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out success rate")
+    ax.set_title("Held-out success: mean over seeds (band: ± one std)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     ax = axes[1]
     per = rollouts.group_by("arm", "method", maintain_order=True).agg(pl.col("sampled_turns_per_task").mean(),
                                                                      pl.col("shared_turns_per_task").mean())
     labels = [f"{m}\n{a}" for a, m in zip(per["arm"], per["method"])]
-    x = range(per.height)
-    ax.bar(x, per["sampled_turns_per_task"], label="sampled turns per task")
-    ax.bar(x, per["shared_turns_per_task"], bottom=per["sampled_turns_per_task"], label="shared (copied) turns")
+    x = list(range(per.height))
+    ax.bar(x, per["sampled_turns_per_task"], color=[colors[a] for a in per["arm"]], label="sampled turns")
+    ax.bar(x, per["shared_turns_per_task"], bottom=per["sampled_turns_per_task"], color="lightgray",
+           hatch="//", edgecolor="gray", label="shared (copied) turns")
     if "sampled_tool_calls_per_task" in rollouts.columns:
         calls = rollouts.group_by("arm", "method", maintain_order=True).agg(pl.col("sampled_tool_calls_per_task")
                                                                            .mean())
-        ax.plot(list(x), calls["sampled_tool_calls_per_task"], "ko", label="sampled tool calls per task")
-    ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_ylabel("per task and iteration")
-    ax.set_title("Turns per task: sampled and copied")
-    ax.legend(fontsize=8)
+        ax.plot(x, calls["sampled_tool_calls_per_task"], "ko", label="sampled tool calls")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("per task and iteration (mean)")
+    ax.set_title("Turns per task: sampled and copied from a parent")
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
 
