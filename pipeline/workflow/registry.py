@@ -214,9 +214,9 @@ STAGES: tuple[Stage, ...] = (
     # log-probs are taken at the sampling temperature (docs/credit-assignment.md, Policy update); one step off-policy,
     # the behaviour policy's checkpoint too (One step off-policy)
     Stage("update", 1, deps=(PREV_CHECKPOINT, When(ROLLOUT_CHECKPOINT, lagged), STEPS, ADVANTAGES), outs=(CHECKPOINT,),
-          params=("seed", "update", "rollout.temperature", "policy.lora", "policy.dtype", "runtime.device",
-                  "runtime.update_processes", "runtime.update_sharding"), threads=2, overlap_threads=1,
-          loads_model=True),
+          params=("seed", "update", "rollout.temperature", "credit.attribution", "policy.lora", "policy.dtype",
+                  "runtime.device", "runtime.update_processes", "runtime.update_sharding"), threads=2,
+          overlap_threads=1, loads_model=True),
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
                   "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),
