@@ -221,7 +221,8 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path) -> None:
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("per task and iteration (mean)")
     ax.set_title("Turns per task: sampled and copied from a parent")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_ylim(0, 1.3 * float((per["sampled_turns_per_task"] + per["shared_turns_per_task"]).max()))
+    ax.legend(fontsize=8, loc="upper right", ncol=3)   # above the bars: no marker hidden
     ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
 
