@@ -150,18 +150,27 @@ def _schema(table: Table | pa.Schema) -> pa.Schema:
     return table.schema if isinstance(table, Table) else table
 
 
+def with_defaults(arrow: pa.Table, table: Table | pa.Schema) -> pa.Table:
+    """`arrow` with each column of `table.defaults` it lacks, filled with the default (what a read and a write both
+    do for a table written before those columns)."""
+    if not isinstance(table, Table) or not table.defaults:
+        return arrow
+    for name, value in table.defaults.items():
+        if name not in arrow.schema.names:
+            arrow = arrow.append_column(name, pa.array([value] * arrow.num_rows, table.schema.field(name).type))
+    return arrow
+
+
 def write_table(df: pl.DataFrame, path: str | Path, table: Table | pa.Schema) -> None:
     """Write `df` with exactly the declared columns and types, to a temporary name and then rename. A column with a
     declared default (`Table.defaults`) that the frame lacks is written with that value."""
     path = Path(path)
     schema = _schema(table)
-    if isinstance(table, Table) and table.defaults:
-        df = df.with_columns(pl.lit(v, dtype=pl.from_arrow(pa.array([], schema.field(k).type)).dtype).alias(k)
-                             for k, v in table.defaults.items() if k not in df.columns)
-    missing = [n for n in schema.names if n not in df.columns]
+    arrow = with_defaults(df.to_arrow(), table)
+    missing = [n for n in schema.names if n not in arrow.schema.names]
     if missing:
         raise TableError(f"{path}: cannot write, columns {missing} are missing from the frame")
-    arrow = df.select(schema.names).to_arrow().cast(schema)
+    arrow = arrow.select(schema.names).cast(schema)
     with atomic_file(path) as tmp:
         pq.write_table(arrow, tmp)
 
@@ -278,11 +287,7 @@ def read_table(path: str | Path, table: Table | pa.Schema) -> pl.DataFrame:
         arrow = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise TableError(f"{path}: not a readable Parquet file (truncated or corrupted?): {e}") from None
-    if isinstance(table, Table) and table.defaults:
-        for name, value in table.defaults.items():
-            if name not in arrow.schema.names:
-                arrow = arrow.append_column(name, pa.array([value] * arrow.num_rows, schema.field(name).type))
-    df = pl.from_arrow(conform(arrow, schema, path))
+    df = pl.from_arrow(conform(with_defaults(arrow, table), schema, path))
     if isinstance(table, Table):
         check_rows(df, table, path)
     return df
