@@ -147,8 +147,8 @@ class BranchingSettings(Section):
     hand `beam - 1` copies of its state to new episodes that share its turns so far and sample on from there."""
     mode: Literal["none", "entropy", "uniform"] = Field(
         "none", description="none: M independent episodes per task; entropy: a path branches after a turn with "
-        "probability rising with the turn's entropy above its first turn's (ARPO); uniform: the same budget and "
-        "rule with the entropy term left out, so branch points fall on turns at random (the control)")
+        "probability rising with the turn's entropy above its first turn's (ARPO); uniform: the same budget, each "
+        "path branching once after a turn drawn uniformly, whatever the entropy (the control)")
     initial: int | None = Field(None, ge=1, description="global trajectories started per task (N); null: half "
                                 "of rollout.group_size (ARPO: 8 of 16)")
     beam: int = Field(2, ge=2, le=64, description="a branching path and its copies: beam - 1 copies at most per "
@@ -159,7 +159,7 @@ class BranchingSettings(Section):
                                   "turn)")
     entropy_tokens: int = Field(20, ge=1, le=4096, description="H of a turn: its first this many response tokens")
     top_logprobs: int = Field(10, ge=1, le=20, description="H sums -p log p over each position's top this many "
-                              "candidates and the sampled token, divided by log |V| (ARPO's normalisation)")
+                              "candidates, divided by log |V| (ARPO's normalisation)")
 
     def initial_for(self, group_size: int) -> int:
         return self.initial if self.initial is not None else max(1, group_size // 2)

@@ -378,9 +378,9 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
     rows = [r.tolist() for r in new]
     lengths = [ids.index(eos) + 1 if eos in ids else len(ids) for ids in rows]
     results = []
-    for ids, n, h in zip(rows, lengths, recorder.entropies(lengths), strict=True):
+    for i, (ids, n, h) in enumerate(zip(rows, lengths, recorder.entropies(lengths), strict=True)):
         text = tokenizer.decode(ids[:n], skip_special_tokens=True)
-        results.append(Generation(ids[:n], logp[len(results), :n].tolist(), text, h))
+        results.append(Generation(ids[:n], logp[i, :n].tolist(), text, h))
     return results
 
 

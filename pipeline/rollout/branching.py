@@ -5,8 +5,9 @@ A task's budget is `rollout.group_size` (M) episodes. `initial` (N) start as glo
 first state. After every turn, each path still going may hand up to `beam - 1` copies of its state to new episodes,
 while the task has episodes left in its budget: copy c branches when clip(U_c - beta * dH, 0, 1) <= tau, U_c uniform
 in [0, 1) from the stage's seed, the path and the turn, dH the entropy of the turn just sampled minus that of the
-path's first sampled turn (ARPO; `uniform` leaves dH out). A task whose paths have all ended with episodes still to
-spend starts one more global trajectory each round. So every task ends with exactly M episodes.
+path's first turn (ARPO; a branch shares its parent's first turn). `uniform`, the control, has each path hand its
+copies once, after a turn drawn uniformly, whatever the entropy. A task whose paths have all ended with episodes
+still to spend starts one more global trajectory each round. So every task ends with exactly M episodes.
 
 A branch starts in its parent's state after the parent's turn t: its turns 0..t are copies of the parent's rows
 (`shared`), its turns from `branch_turn` = t + 1 on are its own. The environment of a branch is restored by the

@@ -114,8 +114,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
         for block in sorted(set(block_of[q.index] for q in live)):   # live is in spec order: a block is a run
             rows_of = [k for k, q in enumerate(live) if block_of[q.index] == block]
             sl = slice(rows_of[0], rows_of[-1] + 1)
-            gens.extend(sample(prompt_ids[sl], max_new_tokens, temperature, seed=seeds[sl], **(
-                {"entropy": entropy} if entropy is not None else {})))
+            gens.extend(sample(prompt_ids[sl], max_new_tokens, temperature, seed=seeds[sl], entropy=entropy))
         still = []
         for k, q in enumerate(live):
             g = gens[k]
