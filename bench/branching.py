@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 import yaml
 
 from bench import log_run
-from bench.learning import _params, _snakemake, _workflow, collect
+from bench.learning import _params, _snakemake, _workflow, collect, continuing_run, run_side_by_side
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
@@ -61,30 +60,15 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     def base_run(seed: int) -> None:
         d = work / f"base_s{seed}"
         _workflow(d)
-        p = _params(plain, methods[0], seed, uri)
-        p["run"] = {"dir": "results"}                    # whatever folder the config names: the targets are here
-        (d / "params.yaml").write_text(yaml.safe_dump(p))
+        (d / "params.yaml").write_text(yaml.safe_dump(_params(plain, methods[0], seed, uri)))
         _snakemake(d, max(cores, cores * jobs // len(seeds)), "results/iter_0/eval.parquet")
 
     runs = []
     for label, own in arms.items():
         base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, [*sets, *own])
-        for s in seeds:
-            for m in methods:
-                d = work / label / f"{m}_s{s}"
-                _workflow(d)
-                p = _params(base, m, s, uri)
-                p["run"] = {"dir": "results", "base": {"params": str((work / f"base_s{s}" / "params.yaml").resolve()),
-                                                       "through": 0}}
-                (d / "params.yaml").write_text(yaml.safe_dump(p))
-                runs.append(d)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(base_run, seeds))
-        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
-    failed = {d: f.exception() for d, f in futures.items() if f.exception() is not None}
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
-            f"{d.parent.name}/{d.name}: {str(e).splitlines()[0]}" for d, e in failed.items()))
+        runs += [continuing_run(work / label / f"{m}_s{s}", base, m, s, uri, work / f"base_s{s}", through=0)
+                 for s in seeds for m in methods]
+    run_side_by_side(base_run, seeds, runs, jobs, cores)
 
 
 def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:

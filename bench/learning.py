@@ -57,8 +57,11 @@ def _workflow(d: Path) -> None:
 
 
 def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:
+    """A benchmark run's params: `base` with the seed and method, into `results/` of its own folder (whatever
+    folder the config names: the benchmark's targets are there)."""
     p = yaml.safe_load(yaml.safe_dump(base))
     p["seed"] = seed
+    p["run"] = {"dir": "results"}
     p.setdefault("credit", {})["method"] = method
     tracking = p.setdefault("tracking", {})
     if not tracking.get("tracking_uri"):
@@ -75,6 +78,29 @@ def _snakemake(d: Path, cores: int, *targets: str) -> None:
     print(f"  {d.name}: {' '.join(targets) or 'all'} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
+def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: str, base_dir: Path,
+                   through: int) -> Path:
+    """Folder `d` set up for a run of `method` that links its jobs of iterations 0..`through` from the base run in
+    `base_dir` (`run.base`)."""
+    _workflow(d)
+    p = _params(base, method, seed, tracking_uri)
+    p["run"]["base"] = {"params": str((base_dir / "params.yaml").resolve()), "through": through}
+    (d / "params.yaml").write_text(yaml.safe_dump(p))
+    return d
+
+
+def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, cores: int) -> None:
+    """`base_run(seed)` for every seed, then Snakemake in every folder of `runs`, `jobs` at a time; one error
+    naming every run that failed."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
+        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
+    failed = {d: f.exception() for d, f in futures.items() if f.exception() is not None}
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
+            f"{d.parent.name}/{d.name}: {str(e).splitlines()[0]}" for d, e in failed.items()))
+
+
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
             sets: list[str] = ()) -> None:
     base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
@@ -88,21 +114,9 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
         _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
                    "results/iter_0/eval.parquet")
         for m in methods:     # each method links the base's initial policy and first rollout (run.base)
-            d = work / f"{m}_s{seed}"
-            _workflow(d)
-            p = _params(base, m, seed, uri)
-            p["run"] = {"dir": "results", "base": {"params": str((seed_dir / "params.yaml").resolve()), "through": 1}}
-            (d / "params.yaml").write_text(yaml.safe_dump(p))
+            continuing_run(work / f"{m}_s{seed}", base, m, seed, uri, seed_dir, through=1)
 
-    runs = [work / f"{m}_s{s}" for s in seeds for m in methods]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
-        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
-    errors = {d.name: f.exception() for d, f in futures.items()}
-    failed = {name: e for name, e in errors.items() if e is not None}
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
-            f"{name}: {str(e).splitlines()[0]}" for name, e in failed.items()))
+    run_side_by_side(base_run, seeds, [work / f"{m}_s{s}" for s in seeds for m in methods], jobs, cores)
 
 
 def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
