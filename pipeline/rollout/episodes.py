@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from pipeline.envs.actions import format_of
-from pipeline.envs.base import Env, Observation, StepResult, has, make_env
+from pipeline.envs.base import Env, Observation, StepResult, has
 from pipeline.model.engines import HFSampler, VLLMSampler
 from pipeline.model.policy import EntropySpec, encode_prompt, mix_seed
 from pipeline.rollout.branching import branch_draw, check_replay, copies_to_branch
+from pipeline.rollout.demonstrations import environment
 from pipeline.rollout.prompts import build_prompt
 
 
@@ -249,7 +250,7 @@ def play_with_params(params, model, tokenizer, specs: list[EpisodeSpec], *, temp
                      progress: Callable[[str], None] | None = None, branch: bool = False) -> pl.DataFrame:
     """`play_episodes` with the environment, prompt and generation settings of a `Params`; `branch`: with its
     `rollout.branching` (the training rollout; held-out episodes never branch)."""
-    return play_episodes(model, tokenizer, lambda: make_env(params.env), specs,
+    return play_episodes(model, tokenizer, lambda: environment(params), specs,
                          history_turns=params.prompt.history_turns, max_new_tokens=params.policy.max_new_tokens,
                          temperature=temperature, batch_size=params.rollout.batch_size, seed=seed,
                          progress=progress, branching=branching_of(params, tokenizer) if branch else None)

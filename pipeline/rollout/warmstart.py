@@ -28,6 +28,7 @@ from pipeline.model.packing import response_logprobs
 from pipeline.model.policy import encode_prompt, encode_response
 from pipeline.model.precision import Stepper
 from pipeline.progress import Ticker
+from pipeline.rollout.demonstrations import environment
 from pipeline.rollout.prompts import build_prompt
 
 
@@ -48,7 +49,7 @@ def demonstrations(params, episodes: int, random_share: float, seed: int, stream
     expert, `random_share` must be 1: every command is random and there is no optimal label.
     """
     rng = random.Random(task_seed(stream, seed, 0, 0))
-    env = make_env(params.env)
+    env = environment(params)
     expert = has(env, "expert_actions")
     fmt = format_of(env)
     if random_share < 1.0:

@@ -396,3 +396,40 @@ def test_snapshot_and_restore_continue_the_same_episode(tmp_path):
     ra, rb = a.step(a.expert_actions()[0]), b.step(b.expert_actions()[0])
     assert ra == rb
 
+
+
+# -- retrieved demonstrations (prompt.demonstrations) --------------------------------------------------------------
+
+
+def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_once(tmp_path, monkeypatch):
+    from pipeline.config.params import Params
+    from pipeline.rollout import demonstrations as demos
+
+    monkeypatch.chdir(tmp_path)
+    p = Params(env={"name": "sql", "max_turns": 12}, prompt={"demonstrations": 2, "demonstration_pool": 40})
+    env = demos.environment(p)
+    train_questions = {q["question"] for q in _questions("train_spider")}
+    held_out = {q["question"] for q in _questions("dev")}
+    for i in range(5):
+        env.reset(task_seed("eval", 0, 0, i))
+        text = env.task_description()
+        assert text.startswith("Solved examples of similar tasks:\n\nExample 1:\nTask: ") and "Example 3:" not in text
+        shown = [line[len("Task: "):line.rindex(" (database")] for line in text.splitlines()
+                 if line.startswith("Task: ")]
+        assert len(shown) == 2 and set(shown) <= train_questions and not set(shown) & held_out
+        assert text.endswith(f"Question: {env.task.question}")
+        # each demonstration is the expert's episode: its last action answers with the gold query
+        example = text.split("Example 1:\n")[1].split("\n\nExample 2:")[0]
+        actions = [line for line in example.splitlines() if line.startswith("Action ")]
+        assert actions[-1].split(": ", 1)[1].startswith("<answer>") and "Result" in example
+    # a training task is never shown its own question
+    pool = demos.build_pool(p)
+    own = next(t for t in (task_seed("train", 0, 1, i) for i in range(400))
+               if env.reset(t) and env.task_description().split("\n\n")[-1] in {full for full, _, _ in pool})
+    env.reset(own)
+    assert f"Task: {env.task_brief()}" not in env.task_description()
+    # the pool is played once and read back from the run's cache
+    assert len(list((tmp_path / "results" / "envs").glob("demonstrations-*.json"))) == 1
+    monkeypatch.setattr(demos, "expert_episode", lambda *a: (_ for _ in ()).throw(AssertionError("replayed")))
+    demos._LOADED.clear()
+    assert demos.build_pool(p) == pool and demos.environment(p) is not None
