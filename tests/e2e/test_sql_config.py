@@ -1,0 +1,29 @@
+"""The SQL configuration at the tiny test sizes, with retrieved demonstrations, through every stage of a
+one-iteration run (the environment's own rules are tests/unit/test_sql.py)."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_env_config
+
+
+@pytest.mark.e2e
+def test_tiny_sql_configuration_with_demonstrations_runs_every_stage(tmp_path):
+    params = run_env_config(tmp_path, "sql.yaml", every_stage=True, credit={"method": "gigpo"},
+                            prompt={"history_turns": 2, "demonstrations": 1, "demonstration_pool": 20},
+                            policy={"max_new_tokens": 16})
+    run = tmp_path / params["run"]["dir"]
+    import polars as pl
+
+    steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
+    prompt = steps["prompt"][0]
+    assert prompt.startswith("Solved examples of similar tasks:\n\nExample 1:\nTask: ")
+    assert "CREATE TABLE" in prompt and "<sql>query</sql>" in prompt and "Admissible actions" not in prompt
+    assert steps["anchor"][0].endswith("| ran: ")                          # nothing run yet at a first turn
+    held_out = pl.read_parquet(run / "iter_0/eval.parquet")
+    assert held_out.height == 8 and held_out["optimal_moves"].min() >= 3           # a table, a projection, the answer
+    assert (run / "iter_1/checkpoint").is_dir() and (run / "iter_1/eval_metrics.json").is_file()
+    pools = list((tmp_path / "results/envs").glob("demonstrations-*.json"))
+    assert len(pools) == 1 and len(json.loads(pools[0].read_text())) == 20         # one pool for every stage
