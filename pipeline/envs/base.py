@@ -141,6 +141,16 @@ def data_root(data_path: str | None, shipped: Path) -> Path:
     return Path(os.path.expandvars(data_path)).expanduser() if data_path else shipped
 
 
+def data_error(path: Path, what: str) -> ValueError:
+    """An error in an environment's data files: names `env.data_path`, the file and what is wrong."""
+    return ValueError(f"env.data_path: {path}: {what}")
+
+
+def first_file(folder: Path, names) -> Path | None:
+    """The first of `names` that is a file in `folder`, or None."""
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
 def make_env(cfg, cache_dir: str | Path = CACHE_DIR) -> Env:
     """The environment named by `cfg.name` (an `env` section); `cache_dir` holds files it generates (games)."""
     spec = spec_of(cfg)

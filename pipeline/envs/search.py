@@ -46,7 +46,7 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
 from pipeline.envs.search_index import Retriever
 from pipeline.envs.search_world import OUT
 
@@ -111,23 +111,15 @@ class Corpus:
         return all(q.plan is not None for q in self.train + self.test)
 
 
-def _fail(path: Path, what: str) -> ValueError:
-    return ValueError(f"env.data_path: {path}: {what}")
-
-
-def _first(folder: Path, names) -> Path | None:
-    return next((folder / n for n in names if (folder / n).is_file()), None)
-
-
 def _question_file(folder: Path, split: str) -> Path | None:
     names = [f"{s}.{e}" for s in ((split,) if split == "train" else ("test", "dev")) for e in ("jsonl", "parquet")]
-    return _first(folder, names)
+    return first_file(folder, names)
 
 
 def data_format(folder: Path) -> str:
     if (folder / "corpus.jsonl").is_file():
         return "search_r1"
-    if _first(folder, HOTPOT_TRAIN + HOTPOT_DEV):
+    if first_file(folder, HOTPOT_TRAIN + HOTPOT_DEV):
         return "hotpotqa"
     raise ValueError(f"env.data_path: {folder} holds neither Search-R1's corpus.jsonl (with train.jsonl and "
                      f"test.jsonl) nor HotpotQA's {HOTPOT_TRAIN[0]} and {HOTPOT_DEV[0]}")
@@ -144,19 +136,19 @@ def check_files(folder: Path) -> None:
             path = _question_file(folder, split)
             if path is None:
                 want = "train.jsonl or train.parquet" if split == "train" else "test.jsonl, test.parquet or dev.*"
-                raise _fail(folder, f"no {want}: Search-R1's questions (question, golden_answers)")
+                raise data_error(folder, f"no {want}: Search-R1's questions (question, golden_answers)")
             if path.suffix == ".jsonl":
                 _check_record(path, _first_line(path), ("question", "golden_answers"))
             else:
                 _parquet_columns(path)
         return
     for names in (HOTPOT_TRAIN, HOTPOT_DEV):
-        path = _first(folder, names)
+        path = first_file(folder, names)
         if path is None:
-            raise _fail(folder, f"no {' or '.join(names)}: HotpotQA's questions")
+            raise data_error(folder, f"no {' or '.join(names)}: HotpotQA's questions")
         with path.open("rb") as f:
             if not f.read(4096).lstrip().startswith(b"["):
-                raise _fail(path, "expected a JSON list of HotpotQA records at the top level")
+                raise data_error(path, "expected a JSON list of HotpotQA records at the top level")
 
 
 def _first_line(path: Path) -> str:
@@ -164,19 +156,19 @@ def _first_line(path: Path) -> str:
         for line in f:
             if line.strip():
                 return line
-    raise _fail(path, "empty file")
+    raise data_error(path, "empty file")
 
 
 def _check_record(path: Path, line: str, keys, lineno: int = 1) -> dict:
     try:
         rec = json.loads(line)
     except ValueError as e:
-        raise _fail(path, f"line {lineno} is not JSON ({e})") from None
+        raise data_error(path, f"line {lineno} is not JSON ({e})") from None
     if not isinstance(rec, dict):
-        raise _fail(path, f"line {lineno} is not a JSON object")
+        raise data_error(path, f"line {lineno} is not a JSON object")
     for k in keys:
         if k not in rec:
-            raise _fail(path, f"line {lineno} has no field {k!r}; expected {', '.join(keys)}")
+            raise data_error(path, f"line {lineno} has no field {k!r}; expected {', '.join(keys)}")
     return rec
 
 
@@ -186,10 +178,10 @@ def _parquet_columns(path: Path) -> None:
     try:
         names = pq.read_schema(path).names
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise _fail(path, f"not a readable Parquet file ({e})") from None
+        raise data_error(path, f"not a readable Parquet file ({e})") from None
     for k in ("question", "golden_answers"):
         if k not in names:
-            raise _fail(path, f"no column {k!r}; expected question and golden_answers (Search-R1's)")
+            raise data_error(path, f"no column {k!r}; expected question and golden_answers (Search-R1's)")
 
 
 def _answers(path: Path, where: str, value) -> tuple[str, ...]:
@@ -200,7 +192,7 @@ def _answers(path: Path, where: str, value) -> tuple[str, ...]:
     except TypeError:
         answers = ()
     if not answers or not all(a.strip() for a in answers):
-        raise _fail(path, f"{where}: golden_answers must be a non-empty list of non-empty strings, not {value!r}")
+        raise data_error(path, f"{where}: golden_answers must be a non-empty list of non-empty strings, not {value!r}")
     return answers
 
 
@@ -228,35 +220,35 @@ def _search_r1(folder: Path) -> Corpus:
             rec = _check_record(corpus_path, line, ("id", "contents"), k)
             contents = rec["contents"]
             if not isinstance(contents, str):
-                raise _fail(corpus_path, f"line {k}: contents must be a string (\"Title\"\\ntext)")
+                raise data_error(corpus_path, f"line {k}: contents must be a string (\"Title\"\\ntext)")
             title, _, text = contents.partition("\n")
             row[str(rec["id"])] = len(titles)
             titles.append(title.strip().strip('"'))
             texts.append(text.strip())
     if not titles:
-        raise _fail(corpus_path, "no passages")
+        raise data_error(corpus_path, "no passages")
     splits = []
     for split in ("train", "test"):
         path = _question_file(folder, split)
         if path is None:
-            raise _fail(folder, f"no {split} questions (train.jsonl or .parquet; test.jsonl, .parquet or dev.*)")
+            raise data_error(folder, f"no {split} questions (train.jsonl or .parquet; test.jsonl, .parquet or dev.*)")
         qs = []
         for where, r in _question_records(path):
             if not isinstance(r["question"], str) or not r["question"].strip():
-                raise _fail(path, f"{where}: question must be a non-empty string")
+                raise data_error(path, f"{where}: question must be a non-empty string")
             plan = r.get("plan")
             if plan is not None:
                 try:
                     plan = tuple((row[str(h["id"])], str(h["name"])) for h in plan)
                 except KeyError as e:
-                    raise _fail(path, f"{where}: plan names passage {e} that corpus.jsonl does not hold, or a "
+                    raise data_error(path, f"{where}: plan names passage {e} that corpus.jsonl does not hold, or a "
                                       "hop lacks id or name") from None
                 except TypeError:
-                    raise _fail(path, f"{where}: plan must be a list of {{id, name}}") from None
+                    raise data_error(path, f"{where}: plan must be a list of {{id, name}}") from None
             qs.append(Question(r["question"].strip(), _answers(path, where, r["golden_answers"]), plan,
                                r.get("hops"), r.get("type")))
         if not qs:
-            raise _fail(path, "no questions")
+            raise data_error(path, "no questions")
         splits.append(tuple(qs))
     return Corpus(tuple(titles), tuple(texts), splits[0], splits[1], str(folder))
 
@@ -265,15 +257,15 @@ def _hotpotqa(folder: Path) -> Corpus:
     titles, texts, row = [], [], {}
     splits = []
     for names in (HOTPOT_TRAIN, HOTPOT_DEV):
-        path = _first(folder, names)
+        path = first_file(folder, names)
         if path is None:
-            raise _fail(folder, f"no {' or '.join(names)}: HotpotQA's questions")
+            raise data_error(folder, f"no {' or '.join(names)}: HotpotQA's questions")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
-            raise _fail(path, f"not readable JSON ({e})") from None
+            raise data_error(path, f"not readable JSON ({e})") from None
         if not isinstance(data, list):
-            raise _fail(path, "expected a JSON list of HotpotQA records")
+            raise data_error(path, "expected a JSON list of HotpotQA records")
         qs = []
         for k, r in enumerate(data):
             try:
@@ -286,13 +278,13 @@ def _hotpotqa(folder: Path) -> Corpus:
                 qs.append(Question(r["question"].strip(), _answers(path, f"record {k}", r["answer"]), plan,
                                    len(plan), r.get("type")))
             except KeyError as e:
-                raise _fail(path, f"record {k}: no field {e} (or a supporting fact's title is in no context); "
+                raise data_error(path, f"record {k}: no field {e} (or a supporting fact's title is in no context); "
                                   "expected question, answer, supporting_facts, context") from None
             except (TypeError, ValueError, AttributeError):
-                raise _fail(path, f"record {k}: context must be [[title, [sentences]], ...] and supporting_facts "
+                raise data_error(path, f"record {k}: context must be [[title, [sentences]], ...] and supporting_facts "
                                   "[[title, sentence index], ...]") from None
         if not qs:
-            raise _fail(path, "no questions")
+            raise data_error(path, "no questions")
         splits.append(tuple(qs))
     return Corpus(tuple(titles), tuple(texts), splits[0], splits[1], str(folder))
 
@@ -389,7 +381,8 @@ class SearchEnv:
     def render(self, rows) -> str:
         if not rows:
             return "<information>No passage matches the query.</information>"
-        docs = [f"Doc {k + 1} (Title: {self.corpus.titles[r]}) {_cut(self.corpus.texts[r], self.cfg.search.passage_chars)}"
+        cut = self.cfg.search.passage_chars
+        docs = [f"Doc {k + 1} (Title: {self.corpus.titles[r]}) {_cut(self.corpus.texts[r], cut)}"
                 for k, r in enumerate(rows)]
         return "<information>" + "\n".join(docs) + "</information>"
 

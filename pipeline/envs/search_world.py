@@ -45,7 +45,7 @@ OUT = Path(__file__).resolve().parents[2] / "data" / "search"
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl")
 SEED = 2018                                    # HotpotQA's year
 COUNTS = {"country": 14, "city": 160, "river": 70, "university": 90, "person": 1160, "company": 240, "film": 300}
-TOP_K = 3                                      # the retrieval the kept plans are checked at (env.search.top_k's default)
+TOP_K = 3                                      # the retrieval the kept plans are checked at (top_k default)
 
 ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "tr", "v",
           "w", "z", "th", "sh", "el", "or", "an", "ar"]

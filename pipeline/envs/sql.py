@@ -50,7 +50,7 @@ from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs import sql_ast
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
 from pipeline.envs.sql_world import OUT
 
 _SQL = re.compile(r"<sql>(.*?)</sql>", re.DOTALL | re.IGNORECASE)
@@ -117,21 +117,13 @@ class Dataset:
         return dict(self.databases)[db_id]
 
 
-def _fail(path: Path, what: str) -> ValueError:
-    return ValueError(f"env.data_path: {path}: {what}")
-
-
-def _first(folder: Path, names) -> Path | None:
-    return next((folder / n for n in names if (folder / n).is_file()), None)
-
-
 def _json_list(path: Path) -> list:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise _fail(path, f"not readable JSON ({e})") from None
+        raise data_error(path, f"not readable JSON ({e})") from None
     if not isinstance(data, list):
-        raise _fail(path, "expected a JSON list of records at the top level")
+        raise data_error(path, "expected a JSON list of records at the top level")
     return data
 
 
@@ -141,7 +133,7 @@ def _db_ids(folder: Path) -> set[str]:
         if (folder / name).is_file():
             for k, rec in enumerate(_json_list(folder / name)):
                 if not isinstance(rec, dict) or not isinstance(rec.get("db_id"), str):
-                    raise _fail(folder / name, f"record {k} has no string db_id (Spider's tables.json)")
+                    raise data_error(folder / name, f"record {k} has no string db_id (Spider's tables.json)")
                 ids.add(rec["db_id"])
     return ids
 
@@ -151,23 +143,23 @@ def _tasks(path: Path, known: set[str], databases: dict[str, Path]) -> tuple[Tas
     for k, r in enumerate(_json_list(path)):
         where = f"record {k}"
         if not isinstance(r, dict):
-            raise _fail(path, f"{where} is not a JSON object")
+            raise data_error(path, f"{where} is not a JSON object")
         query = r.get("query", r.get("SQL"))
         for key, value in (("question", r.get("question")), ("query (or SQL)", query), ("db_id", r.get("db_id"))):
             if not isinstance(value, str) or not value.strip():
-                raise _fail(path, f"{where}: {key} must be a non-empty string; expected question, query (Spider) "
+                raise data_error(path, f"{where}: {key} must be a non-empty string; expected question, query (Spider) "
                                   "or SQL (BIRD), and db_id")
         db = r["db_id"]
         if db not in known:
-            raise _fail(path, f"{where}: db_id {db!r} is not in tables.json")
+            raise data_error(path, f"{where}: db_id {db!r} is not in tables.json")
         if db not in databases:
-            raise _fail(path, f"{where}: no database file for db_id {db!r}; expected "
+            raise data_error(path, f"{where}: no database file for db_id {db!r}; expected "
                               f"{path.parent / 'database' / db / (db + '.sqlite')}")
         evidence = r.get("evidence")
         out.append(Task(" ".join(r["question"].split()), query.strip(), db, r.get("hardness"),
                         evidence.strip() if isinstance(evidence, str) and evidence.strip() else None))
     if not out:
-        raise _fail(path, "no questions")
+        raise data_error(path, "no questions")
     return tuple(out)
 
 
@@ -178,8 +170,8 @@ def load_dataset(root: str) -> Dataset:
     if not folder.is_dir():
         raise ValueError(f"env.data_path: {folder} is not a folder; expected a Spider or BIRD folder (tables.json, "
                          "train_spider.json or train.json, dev.json, database/<db_id>/<db_id>.sqlite)")
-    if _first(folder, TABLES_FILES) is None:
-        raise _fail(folder, f"no tables.json (or {', '.join(TABLES_FILES[1:])}): the schemas of Spider's layout")
+    if first_file(folder, TABLES_FILES) is None:
+        raise data_error(folder, f"no tables.json (or {', '.join(TABLES_FILES[1:])}): the schemas of Spider's layout")
     known = _db_ids(folder)
     databases = {}
     for d in DB_DIRS:
@@ -189,9 +181,9 @@ def load_dataset(root: str) -> Dataset:
                     databases.setdefault(sub.name, sub / f"{sub.name}.sqlite")
     splits = []
     for names in (TRAIN_FILES, TEST_FILES):
-        path = _first(folder, names)
+        path = first_file(folder, names)
         if path is None:
-            raise _fail(folder, f"no {' or '.join(names)}: the questions (question, query or SQL, db_id)")
+            raise data_error(folder, f"no {' or '.join(names)}: the questions (question, query or SQL, db_id)")
         splits.append(_tasks(path, known, databases))
     return Dataset(tuple(sorted(databases.items())), splits[0], splits[1], str(folder))
 

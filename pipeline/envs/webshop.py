@@ -43,7 +43,7 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection
 from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import action_content
-from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, register
 from pipeline.envs.webshop_catalogue import FILES, OUT
 from pipeline.envs.webshop_reward import Purchase, Target, reward
 
@@ -124,10 +124,6 @@ class Shop:
         return self._hits[query]
 
 
-def _fail(path: Path, what: str) -> ValueError:
-    return ValueError(f"env.data_path: {path}: {what}")
-
-
 def check_files(folder: Path) -> None:
     """The folder holds the three files, each starting as WebShop's does (a list, an object, an object)."""
     if not folder.is_dir():
@@ -135,11 +131,11 @@ def check_files(folder: Path) -> None:
     for name, start in zip(FILES, "[{{", strict=True):
         path = folder / name
         if not path.is_file():
-            raise _fail(path, "no such file; expected WebShop's " + name)
+            raise data_error(path, "no such file; expected WebShop's " + name)
         with path.open("rb") as f:
             head = f.read(4096).lstrip()
         if not head.startswith(start.encode()):
-            raise _fail(path, f"expected a JSON {'list' if start == '[' else 'object'} at the top level, as "
+            raise data_error(path, f"expected a JSON {'list' if start == '[' else 'object'} at the top level, as "
                               f"WebShop's {name}")
 
 
@@ -147,9 +143,9 @@ def _read(path: Path, kind: type):
     try:
         data = json.loads(path.read_text())
     except ValueError as e:
-        raise _fail(path, f"not readable JSON ({e})") from None
+        raise data_error(path, f"not readable JSON ({e})") from None
     if not isinstance(data, kind):
-        raise _fail(path, f"expected a JSON {'list' if kind is list else 'object'} at the top level")
+        raise data_error(path, f"expected a JSON {'list' if kind is list else 'object'} at the top level")
     return data
 
 
@@ -159,7 +155,7 @@ def _pricing(path: Path, asin: str, pricing) -> list[float]:
     try:
         return [float(Decimal(re.sub(r"[^\d.]", "", p))) for p in str(pricing).split("$")[1:]][:2] or [100.0]
     except InvalidOperation:
-        raise _fail(path, f"product {asin}: pricing {pricing!r} is not a price like '$12.99'") from None
+        raise data_error(path, f"product {asin}: pricing {pricing!r} is not a price like '$12.99'") from None
 
 
 @lru_cache(maxsize=4)
@@ -194,7 +190,7 @@ def load_shop(root: str, num_products: int | None) -> Shop:
                                 name=p["name"], attributes=tuple(a), title=p["name"], bullets=bullets,
                                 description=p["full_description"])
         except (KeyError, TypeError, AttributeError) as e:
-            raise _fail(items_path, f"product {k} is not a WebShop product ({type(e).__name__}: {e})") from None
+            raise data_error(items_path, f"product {k} is not a WebShop product ({type(e).__name__}: {e})") from None
         products.append(Product(asin, purchase, price, tag, options))
     by_asin = {p.asin: p for p in products}
     goals = []
@@ -208,7 +204,8 @@ def load_shop(root: str, num_products: int | None) -> Shop:
                 if not isinstance(want, list) or not isinstance(options, list | dict):
                     raise TypeError("instruction_attributes must be a list and instruction_options a list or object")
             except (KeyError, TypeError) as e:
-                raise _fail(human_path, f"instruction {j} of {asin} is malformed ({type(e).__name__}: {e})") from None
+                raise data_error(human_path, f"instruction {j} of {asin} is malformed "
+                                             f"({type(e).__name__}: {e})") from None
             if not want:
                 continue                    # get_human_goals skips instructions without attributes
             above = [x for x in PRICE_RANGE if x > prod.price][:4]
@@ -223,7 +220,7 @@ def load_shop(root: str, num_products: int | None) -> Shop:
                                                  name=prod.purchase.name, attributes=tuple(want),
                                                  options=values, price_upper=upper)))
     if not goals:
-        raise _fail(human_path, "no instruction with attributes names a product of items_shuffle.json")
+        raise data_error(human_path, "no instruction with attributes names a product of items_shuffle.json")
     random.Random(233).shuffle(goals)                  # WebShop's SimServer: random.seed(233); shuffle(goals)
     return Shop(products, by_asin, goals)
 
