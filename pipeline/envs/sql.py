@@ -48,7 +48,6 @@ from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import fields, task_hash
-from pipeline.envs import sql_ast
 from pipeline.envs.actions import ActionFormat
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
 from pipeline.envs.sql_world import OUT
@@ -92,6 +91,12 @@ class SqlConfig(EnvSection):
 
 def _root(data_path: str | None) -> str:
     return str(data_root(data_path, OUT))
+
+
+def _ast():
+    from pipeline.envs import sql_ast  # start-up cost: sqlglot (0.13 s), imported only where SQL is played
+
+    return sql_ast
 
 
 # -- data ---------------------------------------------------------------------------------------------------------
@@ -292,7 +297,7 @@ def same_result(predicted: Result, gold: Result, ordered: bool) -> bool:
 
 def orders(query: str) -> bool:
     """Whether a query's outermost result is ordered (an ORDER BY on the outermost query)."""
-    tree = sql_ast.parse(query)
+    tree = _ast().parse(query)
     if tree is None:
         return re.search(r"\border\s+by\b", query, re.IGNORECASE) is not None
     return tree.args.get("order") is not None
@@ -424,7 +429,7 @@ class SqlEnv:
         return self._observe()
 
     def _normalised(self, query: str):
-        return sql_ast.parse(query, self.schema())
+        return _ast().parse(query, self.schema())
 
     def step(self, response_text: str) -> StepResult:
         if self.task is None:
@@ -439,9 +444,9 @@ class SqlEnv:
             action = f"<{kind}>{query}</{kind}>"
             result = self.db().run(query)
             tree = self._normalised(query) if result.error is None else None
-            self.ran.append(sql_ast.sql(tree) if tree is not None else " ".join(query.split()))
+            self.ran.append(_ast().sql(tree) if tree is not None else " ".join(query.split()))
             if tree is not None:
-                self.covered |= sql_ast.covered(tree)
+                self.covered |= _ast().covered(tree)
             if kind == "sql":
                 self.text = render(result, self.cfg.sql)
             else:
@@ -462,7 +467,7 @@ class SqlEnv:
 
     def gold_components(self) -> frozenset[str]:
         tree = self.gold_tree()
-        return frozenset(sql_ast.components(tree)) if tree is not None else frozenset({"query:" + self.task.query})
+        return frozenset(_ast().components(tree)) if tree is not None else frozenset({"query:" + self.task.query})
 
     def oracle_distance(self) -> float:
         if self.answer is not None:
@@ -475,9 +480,9 @@ class SqlEnv:
         tree = self.gold_tree()
         if tree is not None and self.turn < self.cfg.max_turns - 1:
             missing = self.gold_components() - self.covered
-            for step in sql_ast.decomposition(tree):
-                if sql_ast.covered(step) & missing:
-                    return [f"<sql>{sql_ast.sql(step)}</sql>"]
+            for step in _ast().decomposition(tree):
+                if _ast().covered(step) & missing:
+                    return [f"<sql>{_ast().sql(step)}</sql>"]
         return [f"<answer>{self.task.query}</answer>"]
 
     def snapshot(self) -> tuple:
@@ -500,7 +505,7 @@ def _gold(path: str, query: str, timeout_s: float, max_rows: int) -> tuple[Resul
 @lru_cache(maxsize=4096)
 def _gold_tree(path: str, query: str):
     schema = {t.lower(): cols for t, _, cols in schema_of(path)}
-    return sql_ast.parse(query, schema)
+    return _ast().parse(query, schema)
 
 
 def make(cfg: SqlConfig, cache_dir: Path) -> SqlEnv:
