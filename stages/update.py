@@ -1,4 +1,6 @@
-"""Stage `update`: PPO-clip on the response tokens of iteration i's turns, from the checkpoint of i-1 to that of i.
+"""Stage `update`: PPO-clip on the response tokens of iteration i's turns, from the checkpoint of i-1 to that of i
+(with `update.objective: step_dpo`, the margin-aware DPO loss on the iteration's preference pairs instead,
+`preference_update`).
 
 Its phases, as a torchtune recipe's: setup (the turns and their advantages, the trainable policy, AdamW resumed
 from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
@@ -31,8 +33,9 @@ from pipeline.data import paths, tables
 from pipeline.data.seeds import stage_seed
 from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
+from pipeline.model.dpo import step_dpo_update
 from pipeline.model.policy import load_policy, load_trainable, save_policy
-from pipeline.model.ppo import ppo_update, shared_logprobs
+from pipeline.model.ppo import ppo_update, sequence_logprobs, shared_logprobs
 from pipeline.rollout.branching import attribute
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
@@ -56,10 +59,13 @@ def main(argv=None) -> None:
     if procs.rank:
         ctx.log = lambda msg: None
     with stage_job(ctx), (Tracker(p, "update", it) if procs.rank == 0 else nullcontext(_Silent())) as tracker:
-        turns = read_turns(ctx)
         seed = stage_seed("update", p.seed, it)
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
                                           p.update.gradient_checkpointing)
+        if p.update.objective == "step_dpo":
+            preference_update(ctx, model, tokenizer, seed, procs, tracker)
+            return
+        turns = read_turns(ctx)
         sampled = engine_logprobs(ctx, turns)
         on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
         if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
@@ -92,6 +98,45 @@ def main(argv=None) -> None:
             model, optimizer = fsdp.unsharded(model, optimizer, lambda: _load(ctx, "cpu", seed), make_optimizer)
         if procs.rank == 0:
             save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
+
+
+def preference_update(ctx, model, tokenizer, seed: int, procs: Processes, tracker) -> None:
+    """`update.objective: step_dpo`: the margin-aware DPO loss on iteration i's pairs (`pipeline.model.dpo`), from
+    the checkpoint of i-1, with pi_ref that checkpoint (`previous`) or the initial policy (`init`)."""
+    p, it = ctx.params, ctx.iteration
+    pairs = tables.read_table(ctx.path(paths.PAIRS), tables.PAIRS)
+    steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).select("episode_id", "step", "prompt_ids",
+                                                                          "response_ids")
+    keys = sorted(set(zip(pairs["chosen_episode"], pairs["chosen_step"]))
+                  | set(zip(pairs["rejected_episode"], pairs["rejected_step"])))
+    index = {k: i for i, k in enumerate(keys)}
+    wanted = pl.DataFrame({"episode_id": [e for e, _ in keys], "step": [s for _, s in keys]},
+                          schema={"episode_id": pl.Int64, "step": pl.Int32})
+    found = wanted.join(steps, on=["episode_id", "step"], how="left", maintain_order="left")
+    if found["prompt_ids"].null_count():
+        raise ValueError(f"{ctx.path(paths.PAIRS)}: pairs name turns that {ctx.path(paths.STEPS)} does not hold; "
+                         "rerun the pairs stage")
+    prompts, responses = found["prompt_ids"].to_list(), found["response_ids"].to_list()
+    triples = [(index[(w, ws)], index[(lo, ls)], m) for w, ws, lo, ls, m in pairs.select(
+        "chosen_episode", "chosen_step", "rejected_episode", "rejected_step", "margin").iter_rows()]
+    cfg, u = p.update.step_dpo, p.update
+    if cfg.reference == "init" and ctx.path(paths.PREV_CHECKPOINT) != ctx.path(paths.CHECKPOINT, 0):
+        ref = checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), tokenizer.pad_token_id,
+                                  Turns(prompts, responses, [], []), procs, temperature=1.0)
+    else:
+        ctx.log(f"pi_ref is the checkpoint the update starts from: log-probs of {len(prompts)} turns")
+        ref = sequence_logprobs(model, prompts, responses, tokenizer.pad_token_id, u.minibatch_size, 1.0, ctx.log,
+                                u.packing, u.micro_batch_tokens)
+    optimizer = _optimizer_of(p)(model.parameters())
+    adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
+    ctx.log(f"step-DPO on {pairs.height} pairs of {len(prompts)} turns (beta {cfg.beta}, margin {cfg.margin}, "
+            f"reference {cfg.reference})")
+    trace: list[float] = []
+    stats = step_dpo_update(model, optimizer, prompts, responses, triples, [float(r.sum()) for r in ref], cfg, u,
+                            tokenizer.pad_token_id, seed, progress=ctx.log, trace=trace)
+    if not all(math.isfinite(v) for v in stats.values()):
+        raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
+    save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
 
 
 def read_turns(ctx) -> Turns:
@@ -170,13 +215,16 @@ def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes, old: li
     return checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), pad_id, turns, procs)
 
 
-def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Processes) -> list:
-    """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature."""
+def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Processes,
+                        temperature: float | None = None) -> list:
+    """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature
+    (or `temperature`)."""
     p = ctx.params
     model, _ = load_policy(checkpoint, p.policy.dtype, procs.device, train=True)
     ctx.log(f"log-probs of {len(turns.prompts)} turns under {checkpoint}")
-    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size,
-                           p.rollout.temperature, procs, ctx.log, p.update.packing, p.update.micro_batch_tokens)
+    t = p.rollout.temperature if temperature is None else temperature
+    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size, t, procs,
+                           ctx.log, p.update.packing, p.update.micro_batch_tokens)
 
 
 def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], trace: list[float], tracker) -> None:

@@ -234,7 +234,32 @@ CreditConfig = create_model(
     **{name: (m.config, Field(m.config(), description=m.summary)) for name, m in METHODS.items()})
 
 
+class StepDpoSettings(Section):
+    """Step-level preference updates (LearNAT's margin-aware DPO; docs/credit-assignment.md, Step-level preference
+    updates): pairs of turns taken in the same state, the better one chosen."""
+    beta: float = Field(0.1, gt=0.0, description="DPO's beta: the scale of the policy's log-ratio to the reference")
+    min_gap: float = Field(0.0, ge=0.0, description="two turns of a state form a pair when their step values differ "
+                           "by more than this")
+    margin: Literal["value", "oracle"] = Field(
+        "value", description="value: margin_scale x the step values' gap; oracle: margin_scale x the difference of "
+        "the environment's distances after the two turns (privileged information: LearNAT's AST margin for SQL; "
+        "reports label it)")
+    margin_scale: float = Field(1.0, ge=0.0, description="the margin's scale; 0: plain DPO")
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="the discount of the step values that are returns (of "
+                         "the environment's rewards, or of a learned per-turn score)")
+    reference: Literal["previous", "init"] = Field(
+        "previous", description="pi_ref: the checkpoint the update starts from, or the initial policy")
+    sft_weight: float = Field(0.0, ge=0.0, description="weight of the chosen turns' negative log-likelihood, added")
+    max_pairs_per_state: int = Field(4, ge=1, le=1024, description="the pairs of one state kept at most (those of "
+                                     "the largest gaps)")
+    minibatch_pairs: int = Field(16, ge=1, description="pairs per optimiser step, at most")
+
+
 class UpdateConfig(Section):
+    objective: Literal["ppo", "step_dpo"] = Field(
+        "ppo", description="ppo: PPO-clip on every turn with the credit method's advantages; step_dpo: a DPO loss "
+        "on pairs of turns of one state, ranked by the credit method's step values (update.step_dpo)")
+    step_dpo: StepDpoSettings = StepDpoSettings()
     lr: float = Field(2e-4, gt=0.0)
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step, at most: an iteration's n turns "
@@ -313,6 +338,7 @@ class ResourcesConfig(Section):
     group: StageResources | None = None
     fit: StageResources | None = None
     advantages: StageResources | None = None
+    pairs: StageResources | None = None
     update: StageResources | None = None
     evaluate: StageResources | None = None
     report: StageResources | None = None
@@ -403,6 +429,17 @@ class Params(Section):
                 and self.policy.dtype == "float16":
             raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
                              "policy.dtype bfloat16 (or float32)")
+        return self
+
+    @model_validator(mode="after")
+    def _step_dpo_fits(self):
+        if self.update.objective != "step_dpo":
+            return self
+        if self.runtime.update_processes > 1:
+            raise ValueError("update.objective step_dpo runs in one process; set runtime.update_processes: 1")
+        if self.loop.off_policy_lag:
+            raise ValueError("update.objective step_dpo learns from preferences, not importance-weighted turns; set "
+                             "loop.off_policy_lag: 0")
         return self
 
     @model_validator(mode="after")

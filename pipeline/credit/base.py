@@ -68,6 +68,10 @@ class Method:
     # (HGPO's `depth`; null there: prompt.history_turns + 1). Declared, not computed, so that the group stage's keys
     # follow from params alone. None: the method reads no history groups
     history_depth: int | str | None = None
+    # the per-turn value step-level preferences rank turns by (docs/credit-assignment.md, Step-level preference
+    # updates): step_value(table, config, gamma), one value per row; None: the discounted return of the
+    # environment's rewards at `gamma` (update.step_dpo.gamma)
+    step_value: Callable[[StepTable, Section, float], np.ndarray] | None = None
 
     @property
     def fits(self) -> bool:
@@ -185,6 +189,21 @@ class StepTable:
 
     def zeros(self) -> np.ndarray:
         return np.zeros(self.n)
+
+
+def env_return(t: StepTable, cfg: Section, gamma: float) -> np.ndarray:
+    """The discounted return of the environment's rewards from each turn: the step value of the methods whose
+    credit comes from the rewards alone (GRPO, RLOO, GiGPO, HGPO)."""
+    return t.returns(t.reward, gamma)
+
+
+def learned_return(t: StepTable, cfg: Section, gamma: float) -> np.ndarray:
+    """The discounted return of a learned per-turn score (`score`, the fit stage's): the step value of OPRL and SPA."""
+    return t.returns(t.col("score").astype(np.float64), gamma)
+
+
+def step_values(method: Method, t: StepTable, cfg: Section, gamma: float) -> np.ndarray:
+    return (method.step_value or env_return)(t, cfg, gamma)
 
 
 def episode_advantage(t: StepTable, episode: EpisodeConfig) -> np.ndarray:

@@ -21,8 +21,9 @@ def oracle_labels(steps: pl.DataFrame, env_cfg) -> pl.Series:
 
 
 def oracle_replay(steps: pl.DataFrame, env_cfg) -> pl.DataFrame:
-    """Per row of `steps`, in its order: `good` (1 good, 0 bad, null neither) and `distance`, the oracle's exact
-    distance to success d(s_t) from the state the turn was taken in (inf for a dead state, null where unknown).
+    """Per row of `steps`, in its order: `good` (1 good, 0 bad, null neither), `distance`, the oracle's exact
+    distance to success d(s_t) from the state the turn was taken in (inf for a dead state, null where unknown), and
+    `distance_after`, d(s_{t+1}) from the state the turn led to.
 
     Each episode is replayed in the environment from its task seed with the responses it gave, and the oracle's
     distance is read before and after every turn. A replayed turn must be as valid as the recorded one, or the
@@ -33,6 +34,7 @@ def oracle_replay(steps: pl.DataFrame, env_cfg) -> pl.DataFrame:
     order = steps.with_row_index("_row").sort("episode_id", "step")
     labels: list[int | None] = [None] * steps.height
     distance: list[float | None] = [None] * steps.height
+    after: list[float | None] = [None] * steps.height
     rows = order.select("_row", "episode_id", "task_id", "step", "response", "action_valid", "env_error").iter_rows()
     episode, d0 = None, math.inf
     for row, episode_id, task_id, step, response, valid, error in rows:
@@ -50,10 +52,12 @@ def oracle_replay(steps: pl.DataFrame, env_cfg) -> pl.DataFrame:
                              f"the action {'valid' if res.action_valid else 'invalid'}, the step table says "
                              f"otherwise; are these the params the run used?")
         d1 = env.oracle_distance()
+        after[row] = float(d1)
         labels[row] = 0 if not valid else 1 if d1 < d0 else 0 if d1 > d0 else None
         d0 = d1
     return pl.DataFrame([pl.Series("good", labels, dtype=pl.Int8),
-                         pl.Series("distance", distance, dtype=pl.Float64)])
+                         pl.Series("distance", distance, dtype=pl.Float64),
+                         pl.Series("distance_after", after, dtype=pl.Float64)])
 
 
 def state_auc(values: np.ndarray, distance: np.ndarray) -> float:

@@ -22,6 +22,7 @@ PREV_REWARD_MODEL = PREV_ITER_DIR + "/reward_model/"
 STEP_REWARDS = ITER_DIR + "/step_rewards.parquet"
 FIT_METRICS = ITER_DIR + "/fit_metrics.json"        # the fit's statistics (losses, the critic's explained variance)
 ADVANTAGES = ITER_DIR + "/advantages.parquet"
+PAIRS = ITER_DIR + "/pairs.parquet"                  # update.objective step_dpo: the preference pairs
 EVAL = ITER_DIR + "/eval.parquet"
 EVAL_METRICS = ITER_DIR + "/eval_metrics.json"
 REPORT_DIR = "results/report"

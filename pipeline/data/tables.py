@@ -119,6 +119,22 @@ ADVANTAGES_SCHEMA = pa.schema([
 ADVANTAGES = Table(ADVANTAGES_SCHEMA, finite=("episode_advantage", "step_advantage", "penalty", "advantage"),
                    nullable=("step_score",))
 
+PAIRS_SCHEMA = pa.schema([           # update.objective step_dpo: two turns of one state, the better one chosen
+    ("task_group", pa.int64()),
+    ("step_group", pa.int64()),       # the state (the group stage's id of task group and anchor)
+    ("chosen_episode", pa.int64()),
+    ("chosen_step", pa.int32()),
+    ("rejected_episode", pa.int64()),
+    ("rejected_step", pa.int32()),
+    ("chosen_value", pa.float64()),   # the credit method's step value v of each turn
+    ("rejected_value", pa.float64()),
+    ("gap", pa.float64()),            # chosen_value - rejected_value (> update.step_dpo.min_gap)
+    ("margin", pa.float64()),         # the DPO margin m
+])
+
+PAIRS = Table(PAIRS_SCHEMA, keyed=False, finite=("chosen_value", "rejected_value", "gap", "margin"), empty_ok=True,
+              what="pair")
+
 EVAL_EPISODES_SCHEMA = pa.schema([
     ("iteration", pa.int32()),
     ("task_id", pa.int64()),

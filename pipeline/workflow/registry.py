@@ -31,6 +31,7 @@ from pipeline.data.paths import (
     GROUPS,
     INITIAL_CHECKPOINT,
     ITER_DIR,
+    PAIRS,
     PREV_CHECKPOINT,
     PREV_ITER_DIR,
     PREV_REWARD_MODEL,
@@ -69,6 +70,14 @@ def policy_source(p: Params) -> str | None:
 
 def needs_fit(p: Params) -> bool:
     return p.credit.needs_fit
+
+
+def step_dpo(p: Params) -> bool:
+    return p.update.objective == "step_dpo"
+
+
+def oracle_margin(p: Params) -> bool:
+    return step_dpo(p) and p.update.step_dpo.margin == "oracle"
 
 
 def credit_oracle(p: Params) -> bool:
@@ -211,9 +220,15 @@ STAGES: tuple[Stage, ...] = (
           overlap_threads=1, enabled=needs_fit, loads_model=True),
     Stage("advantages", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(ADVANTAGES,),
           params=("credit",), mem_mb=2000, runtime=30),
+    # update.objective step_dpo: pairs of turns of one state, ranked by the method's step values; the environment
+    # replays them where the margin is the oracle's
+    Stage("pairs", 1, deps=(STEPS, GROUPS, When(STEP_REWARDS, needs_fit)), outs=(PAIRS,),
+          params=("credit", "update.step_dpo", When("env", oracle_margin)), enabled=step_dpo, mem_mb=2000,
+          runtime=30),
     # log-probs are taken at the sampling temperature (docs/credit-assignment.md, Policy update); one step off-policy,
     # the behaviour policy's checkpoint too (One step off-policy)
-    Stage("update", 1, deps=(PREV_CHECKPOINT, When(ROLLOUT_CHECKPOINT, lagged), STEPS, ADVANTAGES), outs=(CHECKPOINT,),
+    Stage("update", 1, deps=(PREV_CHECKPOINT, When(ROLLOUT_CHECKPOINT, lagged), STEPS, ADVANTAGES,
+                             When(PAIRS, step_dpo)), outs=(CHECKPOINT,),
           params=("seed", "update", "rollout.temperature", "credit.attribution", "policy.lora", "policy.dtype",
                   "runtime.device", "runtime.update_processes", "runtime.update_sharding"), threads=2,
           overlap_threads=1, loads_model=True),

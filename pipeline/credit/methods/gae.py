@@ -81,6 +81,13 @@ def terms(t, cfg, episode) -> Terms:
     return Terms(ep, A, cfg.step_advantage_w * whitened)
 
 
+def lambda_return(t, cfg, gamma: float) -> np.ndarray:
+    """The critic's λ-return `GAE_t + V(s_t)` at the method's own γ and λ: GAE's step value for preferences (the
+    step-level preference objective's `gamma` is for returns, which this is not)."""
+    values = t.col("score").astype(np.float64)
+    return gae(t.episode_id, t.step, t.reward, values, cfg.gamma, cfg.lam) + values
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The critic
 
@@ -234,4 +241,5 @@ class TurnCritic(StepRewardModel):
 
 METHOD = register(Method("gae", "whiten(GAE_t) of a learned turn-level critic V(s_t) (+ A^E with episode_term)",
                          GaeConfig, terms, columns=("score",), step_weight="step_advantage_w",
-                         reward_model=TurnCritic(), order=7))
+                         reward_model=TurnCritic(), order=7,
+                         step_value=lambda_return))

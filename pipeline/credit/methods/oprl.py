@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
+from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import LoraSettings, Mode, Packing, Section
 from pipeline.data.seeds import stage_seed
@@ -271,4 +271,4 @@ class ImplicitPRM(StepRewardModel):
 
 METHOD = register(Method("oprl", "A^E + α · norm(r_φ(t); all turns of g), r_φ = β Σ (log π_φ − log π_old)",
                          OprlConfig, terms, columns=("score",), step_weight="alpha", reward_model=ImplicitPRM(),
-                         order=4))
+                         order=4, step_value=learned_return))

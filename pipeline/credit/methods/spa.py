@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
+from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.data.section import LoraSettings, Mode, Packing, Section
@@ -224,4 +224,5 @@ class ProgressModel(StepRewardModel):
 
 METHOD = register(Method("spa", "A^E + ω · norm(G^SPA_t; all turns of g), r^SPA = progress_w c_t + "
                          "grounding_w [valid]", SpaConfig, terms, columns=("score",),
-                         step_weight="step_advantage_w", reward_model=ProgressModel(), order=5))
+                         step_weight="step_advantage_w", reward_model=ProgressModel(), order=5,
+                         step_value=learned_return))

@@ -1,0 +1,149 @@
+"""Step-level preference updates (`update.objective: step_dpo`): each method's step values by hand, the pairs of a
+hand-made iteration (different actions, the gap rule, the cap per state, invalid turns, crashed episodes), the
+value and oracle margins, the DPO loss by hand, a sign test that one step raises the chosen turn against the
+rejected one, and the params refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from pipeline.config.params import CreditConfig, Params, StepDpoSettings, UpdateConfig
+from pipeline.credit.preferences import build_pairs, pair_stats, turn_values
+from pipeline.model.dpo import pair_loss, step_dpo_update
+from tests.conftest import tiny_llama
+
+
+def turns(rows):
+    """rows: (episode_id, step, task_group, step_group, action, reward[, score])."""
+    cols = ["episode_id", "step", "task_group", "step_group", "action", "reward", "score"]
+    data = [r if len(r) == 7 else (*r, 0.0) for r in rows]
+    df = pl.DataFrame(data, schema=cols, orient="row").with_columns(
+        pl.col("episode_id").cast(pl.Int64), pl.col("step").cast(pl.Int32), pl.col("task_group").cast(pl.Int64),
+        pl.col("step_group").cast(pl.Int64), pl.col("reward").cast(pl.Float64), pl.col("score").cast(pl.Float64))
+    return df.with_columns(pl.col("action").is_not_null().alias("action_valid"),
+                           pl.lit(None, pl.String).alias("env_error"))
+
+
+# One task group of 4 episodes. Every episode starts in state 10; episodes 0 and 1 both then reach state 11.
+#   ep 0: up (0), down (0), right (+1)     returns at gamma 0.5: 0.25, 0.5, 1
+#   ep 1: up (0), left (0)                 0, 0 (truncated)
+#   ep 2: left (0), right (+1)             0.5, 1
+#   ep 3: invalid (0), up (0)              0, 0
+ITER = turns([
+    (0, 0, 0, 10, "up", 0.0), (0, 1, 0, 11, "down", 0.0), (0, 2, 0, 12, "right", 1.0),
+    (1, 0, 0, 10, "up", 0.0), (1, 1, 0, 11, "left", 0.0),
+    (2, 0, 0, 10, "left", 0.0), (2, 1, 0, 13, "right", 1.0),
+    (3, 0, 0, 10, None, 0.0), (3, 1, 0, 14, "up", 0.0),
+])
+
+
+def values(table, method="grpo", gamma=0.5, **section):
+    credit = CreditConfig(method=method, **({method: section} if section else {}))
+    return turn_values(table, credit, gamma)
+
+
+def test_the_step_value_of_reward_methods_is_the_discounted_return():
+    for method in ("grpo", "rloo", "gigpo", "hgpo"):
+        v = values(ITER, method)
+        assert v["value"].to_list() == [0.25, 0.5, 1.0, 0.0, 0.0, 0.5, 1.0, 0.0, 0.0], method
+
+
+def test_learned_methods_rank_by_their_own_scores():
+    t = turns([(0, 0, 0, 1, "a", 0.0, 0.2), (0, 1, 0, 2, "b", 1.0, -0.4), (1, 0, 0, 1, "c", 0.0, 0.6)])
+    for method in ("oprl", "spa"):     # the return of the learned score at gamma 0.5, not of the reward
+        assert values(t, method)["value"].to_list() == pytest.approx([0.2 - 0.2, -0.4, 0.6]), method
+    # GAE: the critic's lambda-return GAE_t + V(s_t), at its own gamma 0.9 and lambda 0.8
+    # ep 0: delta_1 = 1 - (-0.4) = 1.4; delta_0 = 0 + 0.9 * (-0.4) - 0.2 = -0.56; GAE_0 = -0.56 + 0.72 * 1.4
+    # ep 1: delta_0 = 0 - 0.6, so GAE_0 + V = 0
+    v = turn_values(t, CreditConfig(method="gae", gae={"gamma": 0.9, "lam": 0.8}), 0.5)["value"].to_list()
+    assert v == pytest.approx([-0.56 + 0.72 * 1.4 + 0.2, 1.4 - 0.4, 0.0])
+
+
+def test_pairs_of_a_hand_made_iteration():
+    cfg = StepDpoSettings(min_gap=0.0, margin_scale=2.0)
+    pairs = build_pairs(ITER, values(ITER), cfg)
+    got = {(r["chosen_episode"], r["chosen_step"], r["rejected_episode"], r["rejected_step"]): (r["gap"], r["margin"])
+           for r in pairs.iter_rows(named=True)}
+    # state 10: up (0.25, ep 0), up (0, ep 1), left (0.5, ep 2), invalid (0, ep 3). Same action never pairs (the
+    # two ups); every other pair with a gap: left > up(0.25), left > up(0), left > invalid, up(0.25) > invalid.
+    # State 11: down (0.5) > left (0)
+    assert got == {(2, 0, 0, 0): (0.25, 0.5), (2, 0, 1, 0): (0.5, 1.0), (2, 0, 3, 0): (0.5, 1.0),
+                   (0, 0, 3, 0): (0.25, 0.5), (0, 1, 1, 1): (0.5, 1.0)}
+    # the gap must exceed min_gap; the cap keeps each state's largest gaps, ties in the turns' order
+    assert build_pairs(ITER, values(ITER), StepDpoSettings(min_gap=0.25)).height == 3
+    capped = build_pairs(ITER, values(ITER), StepDpoSettings(max_pairs_per_state=2))
+    assert capped.filter(pl.col("step_group") == 10).select("chosen_episode", "rejected_episode").rows() == [
+        (2, 1), (2, 3)]
+    stats = pair_stats(pairs, ITER.height)
+    assert stats["pairs"] == 5 and stats["share_turns_in_pair"] == 6 / 9 and stats["states_with_pairs"] == 2
+
+
+def test_a_crashed_episode_never_pairs():
+    broken = ITER.with_columns(pl.when(pl.col("episode_id") == 2).then(pl.lit("RuntimeError: x"))
+                               .otherwise(pl.col("env_error")).alias("env_error"))
+    pairs = build_pairs(broken, values(broken), StepDpoSettings())
+    assert 2 not in pairs["chosen_episode"].to_list() + pairs["rejected_episode"].to_list()
+    assert pairs.height == 2                  # up(0.25) > invalid in state 10, down > left in state 11
+
+
+def test_the_oracle_margin_is_the_difference_of_the_distances_after():
+    after = pl.DataFrame({"episode_id": [0, 0, 0, 1, 1, 2, 2, 3, 3], "step": [0, 1, 2, 0, 1, 0, 1, 0, 1],
+                          "distance_after": [2.0, 1.0, 0.0, 2.0, math.inf, 1.0, 0.0, 3.0, 4.0]},
+                         schema={"episode_id": pl.Int64, "step": pl.Int32, "distance_after": pl.Float64})
+    pairs = build_pairs(ITER, values(ITER), StepDpoSettings(margin="oracle", margin_scale=0.5), after)
+    got = {(r["chosen_episode"], r["rejected_episode"], r["chosen_step"]): r["margin"]
+           for r in pairs.iter_rows(named=True)}
+    # a dead state counts as the farthest finite distance (4) plus one: 5
+    assert got == {(2, 0, 0): 0.5 * (2 - 1), (2, 1, 0): 0.5 * (2 - 1), (2, 3, 0): 0.5 * (3 - 1),
+                   (0, 3, 0): 0.5 * (3 - 2), (0, 1, 1): 0.5 * (5 - 1)}
+    with pytest.raises(ValueError, match="needs the environment's distances"):
+        build_pairs(ITER, values(ITER), StepDpoSettings(margin="oracle"))
+
+
+def test_the_dpo_loss_by_hand():
+    w, lo = torch.tensor([-2.0, -1.0]), torch.tensor([-3.0, -0.5])
+    rw, rl = torch.tensor([-2.5, -1.0]), torch.tensor([-2.5, -1.0])
+    loss, stats = pair_loss(w, lo, rw, rl, torch.tensor([0.1, 0.0]), beta=0.5, sft_weight=0.2)
+    # pair 0: 0.5 * (0.5 - (-0.5)) - 0.1 = 0.4; pair 1: 0.5 * (0 - 0.5) - 0 = -0.25
+    expect = [math.log1p(math.exp(-0.4)) + 0.2 * 2.0, math.log1p(math.exp(0.25)) + 0.2 * 1.0]
+    assert loss.tolist() == pytest.approx(expect)
+    assert stats["accuracy"] == 1.0 and stats["reward_margin"] == pytest.approx(0.5 - 0.25)
+    assert stats["chosen_reward"] == pytest.approx(0.25 + 0.0) and stats["rejected_reward"] == pytest.approx(
+        -0.25 + 0.25)
+
+
+def test_one_step_raises_the_chosen_turn_against_the_rejected_one():
+    model = tiny_llama(seed=3).train()
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [9, 10, 11]]
+    responses = [[12, 13], [14, 15, 16], [17], [18, 19]]
+    pairs = [(0, 1, 0.0), (3, 2, 0.5)]
+
+    def sums():
+        from pipeline.model.dpo import summed_logprobs
+
+        with torch.no_grad():
+            return summed_logprobs(model, prompts, responses, 0, "none").tolist()
+
+    before = sums()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    update = UpdateConfig(epochs=1, micro_batch_size=2)
+    stats = step_dpo_update(model, opt, prompts, responses, pairs, before, StepDpoSettings(beta=1.0), update, 0,
+                            seed=0)
+    after = sums()
+    assert after[0] - after[1] > before[0] - before[1] and after[3] - after[2] > before[3] - before[2]
+    # at the reference the implicit rewards are 0: loss -log sigmoid(-m), the mean of log 2 and softplus(0.5)
+    assert stats["loss"] == pytest.approx((math.log(2) + math.log1p(math.exp(0.5))) / 2, rel=1e-5)
+    assert stats["pairs"] == 2 and stats["accuracy"] == 0.0
+
+
+def test_step_dpo_is_refused_with_several_update_processes_or_off_policy():
+    with pytest.raises(ValueError, match="step_dpo runs in one process"):
+        Params(update={"objective": "step_dpo"}, runtime={"update_processes": 2})
+    with pytest.raises(ValueError, match="loop.off_policy_lag: 0"):
+        Params(update={"objective": "step_dpo"}, loop={"off_policy_lag": 1})
+    assert np.isclose(Params(update={"objective": "step_dpo"}).update.step_dpo.beta, 0.1)
