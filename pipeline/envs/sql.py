@@ -11,9 +11,9 @@ result equals the gold query's (execution accuracy, `same_result`), else 0; succ
 No query can harm or hang anything (`Database`): a database is opened read-only (`mode=ro`, `PRAGMA query_only`),
 an authorizer lets a statement read tables and call functions and nothing else (no ATTACH, PRAGMA, writes, schema
 changes or `load_extension`), one statement per call, each stopped after `env.sql.timeout_s` (SQLite's progress
-handler), strings and blobs capped at 1 MB, at most `env.sql.max_rows` rows fetched and the observation cut at
-`env.sql.show_rows` rows and `env.sql.result_chars` characters. A refused or stopped query is an error
-observation; the episode goes on.
+handler), strings and blobs capped at 1 MB and a result's at 16 MB, at most `env.sql.max_rows` rows fetched and
+the observation cut at `env.sql.show_rows` rows and `env.sql.result_chars` characters. A refused or stopped query
+is an error observation; the episode goes on.
 
 The state is what the agent has run: the anchor is the database, the question and the set of normalised queries
 executed so far (`pipeline.envs.sql_ast`), so GiGPO's step groups join turns that have seen the same results.
@@ -60,6 +60,7 @@ TRAIN_FILES = ("train_spider.json", "train.json", "train/train.json")
 TEST_FILES = ("dev.json", "test.json", "dev/dev.json")
 DB_DIRS = ("database", "test_database", "train/train_databases", "dev/dev_databases")
 MAX_VALUE_BYTES = 1_000_000      # SQLITE_LIMIT_LENGTH: the largest string or blob a query may make
+MAX_RESULT_BYTES = 16_000_000    # the text and blobs of one result, at most
 PERMUTED_COLUMNS = 4             # results of up to this many columns match in any column order
 
 
@@ -240,7 +241,16 @@ class Database:
         try:
             cur = self.con.execute(q)
             columns = tuple(d[0] for d in cur.description or ())
-            rows = cur.fetchmany(self.settings.max_rows + 1)
+            rows, size = [], 0
+            while len(rows) <= self.settings.max_rows:
+                chunk = cur.fetchmany(min(256, self.settings.max_rows + 1 - len(rows)))
+                if not chunk:
+                    break
+                rows += chunk
+                size += sum(len(v) for r in chunk for v in r if isinstance(v, (str, bytes)))
+                if size > MAX_RESULT_BYTES:
+                    cur.close()
+                    return Result(error=f"the result is larger than {MAX_RESULT_BYTES // 1_000_000} MB")
             cur.close()
         except sqlite3.OperationalError as e:
             msg = str(e)

@@ -86,6 +86,8 @@ HOSTILE = {
     "load_extension": ("SELECT load_extension('/tmp/evil.so')", "not authorized"),
     "vacuum into": ("VACUUM INTO '{tmp}/copy.sqlite'", "only queries are run"),
     "huge blob": ("SELECT randomblob(200000000)", "too big"),
+    "many large blobs": ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT zeroblob(999999) "
+                         "FROM c LIMIT 20", "larger than 16 MB"),
     "a write in a CTE": ("WITH x AS (SELECT 1) DELETE FROM student", "not authorized"),
 }
 
