@@ -26,8 +26,10 @@ the plain one instead of as many episodes (`--label` names such an arm). Output 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+from functools import cache
 from pathlib import Path
 
 import polars as pl
@@ -36,7 +38,7 @@ import yaml
 from bench import log_run
 from bench.learning import _params, _snakemake, _workflow, collect, continuing_run, run_side_by_side
 from bench.verdicts import compare_methods, task_success, verdict_frame
-from pipeline.config.params import apply_overrides, check_dependencies, load_params, with_overrides
+from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
@@ -100,11 +102,17 @@ def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
         row |= branch_point_groups(steps, groups)
         rows.append(row)
     frame = pl.DataFrame(rows)
-    if has(make_env(p.env), "oracle_distance"):
+    if has_oracle(p.env.model_dump_json()):
         credit = run_credit(results, p).select("iteration", pl.col("auc").alias("oracle_auc"),
                                                pl.col("auc_step_term").alias("oracle_auc_step_term"))
         frame = frame.join(credit, on="iteration", how="left")
     return frame.to_dicts()
+
+
+@cache
+def has_oracle(env_json: str) -> bool:
+    """Whether the environment of these `env` params has an oracle: one environment made per report, not per run."""
+    return has(make_env(Params(env=json.loads(env_json)).env), "oracle_distance")
 
 
 _LINE = re.compile(r"^\[rollout\[\d+\]\s+([\d.]+)s\] (sampling with|turn (\d+):)")
