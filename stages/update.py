@@ -60,12 +60,15 @@ def main(argv=None) -> None:
         ctx.log = lambda msg: None
     with stage_job(ctx), (Tracker(p, "update", it) if procs.rank == 0 else nullcontext(_Silent())) as tracker:
         seed = stage_seed("update", p.seed, it)
-        model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
-                                          p.update.gradient_checkpointing)
-        if p.update.objective == "step_dpo":
-            preference_update(ctx, model, tokenizer, seed, procs, tracker)
+        if p.update.objective == "step_dpo":    # the tables are read and checked before the model loads
+            pairs = read_pairs(ctx)
+            model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+                                              p.update.gradient_checkpointing)
+            preference_update(ctx, pairs, model, tokenizer, seed, procs, tracker)
             return
         turns = read_turns(ctx)
+        model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+                                          p.update.gradient_checkpointing)
         sampled = engine_logprobs(ctx, turns)
         on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
         if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
@@ -100,10 +103,16 @@ def main(argv=None) -> None:
             save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
 
 
-def preference_update(ctx, model, tokenizer, seed: int, procs: Processes, tracker) -> None:
-    """`update.objective: step_dpo`: the margin-aware DPO loss on iteration i's pairs (`pipeline.model.dpo`), from
-    the checkpoint of i-1, with pi_ref that checkpoint (`previous`) or the initial policy (`init`)."""
-    p, it = ctx.params, ctx.iteration
+@dataclass
+class Pairs:
+    """The turns the pairs name, and the pairs as (chosen, rejected, margin) indices into them."""
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    triples: list[tuple[int, int, float]]
+
+
+def read_pairs(ctx) -> Pairs:
+    """Iteration i's preference pairs (`update.objective: step_dpo`) and the turns they name."""
     pairs = tables.read_table(ctx.path(paths.PAIRS), tables.PAIRS)
     steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).select("episode_id", "step", "prompt_ids",
                                                                           "response_ids")
@@ -116,9 +125,16 @@ def preference_update(ctx, model, tokenizer, seed: int, procs: Processes, tracke
     if found["prompt_ids"].null_count():
         raise ValueError(f"{ctx.path(paths.PAIRS)}: pairs name turns that {ctx.path(paths.STEPS)} does not hold; "
                          "rerun the pairs stage")
-    prompts, responses = found["prompt_ids"].to_list(), found["response_ids"].to_list()
     triples = [(index[(w, ws)], index[(lo, ls)], m) for w, ws, lo, ls, m in pairs.select(
         "chosen_episode", "chosen_step", "rejected_episode", "rejected_step", "margin").iter_rows()]
+    return Pairs(found["prompt_ids"].to_list(), found["response_ids"].to_list(), triples)
+
+
+def preference_update(ctx, pairs: Pairs, model, tokenizer, seed: int, procs: Processes, tracker) -> None:
+    """`update.objective: step_dpo`: the margin-aware DPO loss on iteration i's pairs (`pipeline.model.dpo`), from
+    the checkpoint of i-1, with pi_ref that checkpoint (`previous`) or the initial policy (`init`)."""
+    p, it = ctx.params, ctx.iteration
+    prompts, responses, triples = pairs.prompts, pairs.responses, pairs.triples
     cfg, u = p.update.step_dpo, p.update
     if cfg.reference == "init" and ctx.path(paths.PREV_CHECKPOINT) != ctx.path(paths.CHECKPOINT, 0):
         ref = checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), tokenizer.pad_token_id,
@@ -129,7 +145,7 @@ def preference_update(ctx, model, tokenizer, seed: int, procs: Processes, tracke
                                 u.packing, u.micro_batch_tokens)
     optimizer = _optimizer_of(p)(model.parameters())
     adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
-    ctx.log(f"step-DPO on {pairs.height} pairs of {len(prompts)} turns (beta {cfg.beta}, margin {cfg.margin}, "
+    ctx.log(f"step-DPO on {len(triples)} pairs of {len(prompts)} turns (beta {cfg.beta}, margin {cfg.margin}, "
             f"reference {cfg.reference})")
     trace: list[float] = []
     stats = step_dpo_update(model, optimizer, prompts, responses, triples, [float(r.sum()) for r in ref], cfg, u,
