@@ -159,8 +159,8 @@ def _tasks(path: Path, known: set[str], databases: dict[str, Path]) -> tuple[Tas
         if db not in known:
             raise data_error(path, f"{where}: db_id {db!r} is not in tables.json")
         if db not in databases:
-            raise data_error(path, f"{where}: no database file for db_id {db!r}; expected "
-                              f"{path.parent / 'database' / db / (db + '.sqlite')}")
+            raise data_error(path, f"{where}: no database file for db_id {db!r}; expected {db}/{db}.sqlite in "
+                                   f"one of {', '.join(DB_DIRS)}")
         evidence = r.get("evidence")
         out.append(Task(" ".join(r["question"].split()), query.strip(), db, r.get("hardness"),
                         evidence.strip() if isinstance(evidence, str) and evidence.strip() else None))
