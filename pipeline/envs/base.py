@@ -16,6 +16,8 @@ Optional capabilities, present as methods where the environment has them (`has`,
 - `expert_actions()`: the admissible commands that start an optimal continuation, for the warm start's
   demonstrations;
 - `task_score()`: a score of the episode so far in [0, 1] (partial credit), SPA's R_final where it exists;
+- `task_labels(task)`: a few labels of a task (the search environment's question type and hops, the SQL
+  environment's hardness and database) that reports split held-out results by (`bench.task_stats`);
 - `snapshot()` / `restore(state)`: an opaque copy of the current state, and putting a freshly made environment in
   that state (task included), for branching rollouts; without them a branch replays its parent's responses from
   `reset(task)` (`pipeline.rollout.branching`).
@@ -37,6 +39,7 @@ CAPABILITIES = {
     "expert_actions": "an expert that names optimal actions (the warm start's demonstrations)",
     "task_score": "a task score in [0, 1]",
     "snapshot": "a copy of its state that restore() puts a new environment in (branching without replay)",
+    "task_labels": "labels of a task (a question's type, its hardness) that reports split results by",
 }
 
 

@@ -378,6 +378,10 @@ class SearchEnv:
             return self.corpus.test[index % len(self.corpus.test)]
         return self.corpus.train[task_hash(task) % len(self.corpus.train)]
 
+    def task_labels(self, task: int) -> dict:
+        q = self.question_of(task)
+        return {"kind": q.kind or "unknown", "hops": q.hops if q.hops is not None else -1}
+
     def render(self, rows) -> str:
         if not rows:
             return "<information>No passage matches the query.</information>"

@@ -400,6 +400,10 @@ class SqlEnv:
             return self.data.test[index % len(self.data.test)]
         return self.data.train[task_hash(task) % len(self.data.train)]
 
+    def task_labels(self, task: int) -> dict:
+        t = self.task_of(task)
+        return {"hardness": t.hardness or "unknown", "database": t.db_id}
+
     def db(self) -> Database:
         if self.task.db_id not in self.dbs:
             self.dbs[self.task.db_id] = Database(self.data.database(self.task.db_id), self.cfg.sql)

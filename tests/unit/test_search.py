@@ -409,8 +409,8 @@ def test_the_tiny_tokenizer_gets_every_title_word_whole(tmp_path):
     assert rng.choice(env.reset(train_task()).admissible).startswith("<search>")
 
 
-def test_search_stats_by_hand(tmp_path, monkeypatch):
-    from bench.search_stats import iteration_stats
+def test_task_stats_by_hand(tmp_path, monkeypatch):
+    from bench.task_stats import iteration_stats
     from pipeline.data.seeds import task_seed
 
     monkeypatch.chdir(tmp_path)
@@ -431,13 +431,13 @@ def test_search_stats_by_hand(tmp_path, monkeypatch):
                              "<search>x</search>", None, "<answer>w</answer>"],
                   "action_valid": [True, True, True, True, False, True],
                   "terminated": [False, False, True, False, False, True]}).write_parquet(run / "iter_1/steps.parquet")
-    stats, hops = iteration_stats(run, env)
+    stats, hops = iteration_stats(run, env, lambda action: action.startswith("<search>"))
     row0, row1 = stats.row(0, named=True), stats.row(1, named=True)
-    assert row0["heldout_em"] == pytest.approx(2 / 3) and row0["heldout_well_formed"] == pytest.approx(1 - 1 / 8)
-    assert row1["searches_per_episode"] == 1.5 and row1["answered"] == 1.0
+    assert row0["heldout_success"] == pytest.approx(2 / 3) and row0["heldout_well_formed"] == pytest.approx(1 - 1 / 8)
+    assert row1["tool_calls_per_episode"] == 1.5 and row1["answered"] == 1.0
     assert row1["train_well_formed"] == pytest.approx(5 / 6)
     assert row1["turns_sharing_anchor"] == pytest.approx(5 / 6)      # a a b b b share; c is alone
-    got = {(r["kind"], r["hops"]): (r["episodes"], r["em"]) for r in hops.iter_rows(named=True)}
+    got = {(r["kind"], r["hops"]): (r["episodes"], r["success"]) for r in hops.iter_rows(named=True)}
     want = {}
     for q, s in ((q0, 1.0), (q0, 0.0), (q1, 1.0)):
         n, total = want.get((q.kind, q.hops), (0, 0.0))

@@ -435,3 +435,12 @@ def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_onc
     monkeypatch.setattr(demos, "expert_episode", lambda *a: (_ for _ in ()).throw(AssertionError("replayed")))
     demos._LOADED.clear()
     assert demos.build_pool(p) == pool and demos.environment(p) is not None
+
+
+def test_task_labels_are_the_questions_hardness_and_database(tmp_path):
+    env = make_env(SqlConfig(), tmp_path)
+    held_out = _questions("dev")
+    for i in range(5):
+        task = task_seed("eval", 0, 0, i)
+        q = held_out[i]                                   # held-out tasks play dev.json in order
+        assert env.task_labels(task) == {"hardness": q["hardness"], "database": q["db_id"]}
