@@ -65,6 +65,15 @@ def task_hash(task: int) -> int:
     return x ^ (x >> 31)
 
 
+def task_item(task: int, train, held_out):
+    """The item of an environment's fixed lists of tasks that a task seed plays: held-out tasks (stream eval) play
+    `held_out` in order, the others one of `train` picked by `task_hash`."""
+    stream, _, _, index = fields(task)
+    if stream == "eval":
+        return held_out[index % len(held_out)]
+    return train[task_hash(task) % len(train)]
+
+
 def stage_seed(stage: str, seed: int, iteration: int = 0) -> int:
     """The seed of `stage`'s random draws at `iteration` for run seed `seed`."""
     if stage not in _STAGE_SEEDS:

@@ -44,7 +44,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection, Section
-from pipeline.data.seeds import fields, task_hash
+from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
 from pipeline.envs.search_index import Retriever
@@ -373,10 +373,7 @@ class SearchEnv:
         self.answer: str | None = None
 
     def question_of(self, task: int) -> Question:
-        stream, _, _, index = fields(task)
-        if stream == "eval":
-            return self.corpus.test[index % len(self.corpus.test)]
-        return self.corpus.train[task_hash(task) % len(self.corpus.train)]
+        return task_item(task, self.corpus.train, self.corpus.test)
 
     def task_labels(self, task: int) -> dict:
         q = self.question_of(task)

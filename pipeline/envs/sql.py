@@ -47,7 +47,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection, Section
-from pipeline.data.seeds import fields, task_hash
+from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
 from pipeline.envs.sql_world import OUT
@@ -395,10 +395,7 @@ class SqlEnv:
         self.text, self.turn, self.answer, self.correct = NOTHING_YET, 0, None, False
 
     def task_of(self, task: int) -> Task:
-        stream, _, _, index = fields(task)
-        if stream == "eval":
-            return self.data.test[index % len(self.data.test)]
-        return self.data.train[task_hash(task) % len(self.data.train)]
+        return task_item(task, self.data.train, self.data.test)
 
     def task_labels(self, task: int) -> dict:
         t = self.task_of(task)

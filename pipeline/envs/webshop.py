@@ -41,7 +41,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection
-from pipeline.data.seeds import fields, task_hash
+from pipeline.data.seeds import task_item
 from pipeline.envs.actions import action_content
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, register
 from pipeline.envs.webshop_catalogue import FILES, OUT
@@ -286,11 +286,8 @@ class WebShopEnv:
     # -- the page graph ---------------------------------------------------------------------------------------
 
     def goal_of(self, task: int) -> Goal:
-        stream, _, _, index = fields(task)
-        goals, k = self.shop.goals, self.cfg.heldout
-        if stream == "eval":
-            return goals[index % k]
-        return goals[k + task_hash(task) % (len(goals) - k)]
+        goals, k = self.shop.goals, self.cfg.heldout     # the first k instructions are the held-out ones
+        return task_item(task, goals[k:], goals[:k])
 
     def commands(self, s: Page) -> tuple[str, ...]:
         if s.kind == "search":
