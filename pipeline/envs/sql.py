@@ -114,13 +114,10 @@ class Task:
 
 @dataclass(frozen=True)
 class Dataset:
-    databases: tuple[tuple[str, Path], ...]
+    databases: dict[str, Path]         # db_id -> its .sqlite file, in db_id order
     train: tuple[Task, ...]
     test: tuple[Task, ...]
     source: str
-
-    def database(self, db_id: str) -> Path:
-        return dict(self.databases)[db_id]
 
 
 def _json_list(path: Path) -> list:
@@ -191,7 +188,7 @@ def load_dataset(root: str) -> Dataset:
         if path is None:
             raise data_error(folder, f"no {' or '.join(names)}: the questions (question, query or SQL, db_id)")
         splits.append(_tasks(path, known, databases))
-    return Dataset(tuple(sorted(databases.items())), splits[0], splits[1], str(folder))
+    return Dataset(dict(sorted(databases.items())), splits[0], splits[1], str(folder))
 
 
 # -- executing queries safely -------------------------------------------------------------------------------------
@@ -342,6 +339,12 @@ def schema_of(path: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
 
 
 @lru_cache(maxsize=256)
+def table_columns(path: str) -> dict[str, tuple[str, ...]]:
+    """Each table's columns, names lowercased (what the AST normalisation qualifies bare columns by)."""
+    return {t.lower(): cols for t, _, cols in schema_of(path)}
+
+
+@lru_cache(maxsize=256)
 def schema_text(path: str, sample_rows: int) -> str:
     con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     parts = []
@@ -401,20 +404,25 @@ class SqlEnv:
         t = self.task_of(task)
         return {"hardness": t.hardness or "unknown", "database": t.db_id}
 
+    @property
+    def path(self) -> str:
+        """The current task's database file."""
+        return str(self.data.databases[self.task.db_id])
+
     def db(self) -> Database:
         if self.task.db_id not in self.dbs:
-            self.dbs[self.task.db_id] = Database(self.data.database(self.task.db_id), self.cfg.sql)
+            self.dbs[self.task.db_id] = Database(Path(self.path), self.cfg.sql)
         return self.dbs[self.task.db_id]
 
     def schema(self) -> dict[str, tuple[str, ...]]:
-        return {t.lower(): cols for t, _, cols in schema_of(str(self.data.database(self.task.db_id)))}
+        return table_columns(self.path)
 
     def gold(self) -> tuple[Result, bool]:
         s = self.cfg.sql
-        return _gold(str(self.data.database(self.task.db_id)), self.task.query, s.timeout_s, s.max_rows)
+        return _gold(self.path, self.task.query, s.timeout_s, s.max_rows)
 
     def task_description(self) -> str:
-        schema = schema_text(str(self.data.database(self.task.db_id)), self.cfg.sql.sample_rows)
+        schema = schema_text(self.path, self.cfg.sql.sample_rows)
         evidence = f"\nEvidence: {self.task.evidence}" if self.task.evidence else ""
         return f"Database {self.task.db_id}:\n{schema}\nQuestion: {self.task.question}{evidence}"
 
@@ -428,7 +436,7 @@ class SqlEnv:
 
     def admissible(self) -> tuple[str, ...]:
         """Commands for the warm start's random turns (the prompt does not list them): a look at each table."""
-        return tuple(f"<sql>SELECT * FROM {t}</sql>" for t, _, _ in schema_of(str(self.data.database(self.task.db_id))))
+        return tuple(f"<sql>SELECT * FROM {t}</sql>" for t, _, _ in schema_of(self.path))
 
     def _observe(self) -> Observation:
         return Observation(self.text, self.anchor(), self.admissible())
@@ -473,27 +481,20 @@ class SqlEnv:
 
     # -- the oracle and the expert (pipeline.envs.sql_ast) --
 
-    def gold_tree(self):
-        return _gold_tree(str(self.data.database(self.task.db_id)), self.task.query)
-
-    def gold_components(self) -> frozenset[str]:
-        tree = self.gold_tree()
-        return frozenset(_ast().components(tree)) if tree is not None else frozenset({"query:" + self.task.query})
-
     def oracle_distance(self) -> float:
         if self.answer is not None:
             return 0.0 if self.correct else math.inf
-        return float(len(self.gold_components() - self.covered) + 1)
+        return float(len(_gold_plan(self.path, self.task.query).components - self.covered) + 1)
 
     def expert_actions(self) -> list[str]:
         if self.answer is not None:
             return []
-        tree = self.gold_tree()
-        if tree is not None and self.turn < self.cfg.max_turns - 1:
-            missing = self.gold_components() - self.covered
-            for step in _ast().decomposition(tree):
-                if _ast().covered(step) & missing:
-                    return [f"<sql>{_ast().sql(step)}</sql>"]
+        plan = _gold_plan(self.path, self.task.query)
+        if self.turn < self.cfg.max_turns - 1:
+            missing = plan.components - self.covered
+            for query, covers in plan.steps:
+                if covers & missing:
+                    return [f"<sql>{query}</sql>"]
         return [f"<answer>{self.task.query}</answer>"]
 
     def snapshot(self) -> tuple:
@@ -513,10 +514,23 @@ def _gold(path: str, query: str, timeout_s: float, max_rows: int) -> tuple[Resul
         db.close()
 
 
+@dataclass(frozen=True)
+class GoldPlan:
+    """What the oracle and the expert read of a gold query, computed once per query: its AST components, and the
+    expert's decomposition as (query text, the components it covers); no steps where sqlglot cannot parse it (the
+    whole query is then one component, which no executed query covers: the distance stays 2 until the answer)."""
+    components: frozenset[str]
+    steps: tuple[tuple[str, frozenset[str]], ...]
+
+
 @lru_cache(maxsize=4096)
-def _gold_tree(path: str, query: str):
-    schema = {t.lower(): cols for t, _, cols in schema_of(path)}
-    return _ast().parse(query, schema)
+def _gold_plan(path: str, query: str) -> GoldPlan:
+    ast = _ast()
+    tree = ast.parse(query, table_columns(path))
+    if tree is None:
+        return GoldPlan(frozenset({"query:" + query}), ())
+    return GoldPlan(frozenset(ast.components(tree)),
+                    tuple((ast.sql(q), frozenset(ast.covered(q))) for q in ast.decomposition(tree)))
 
 
 def make(cfg: SqlConfig, cache_dir: Path) -> SqlEnv:
@@ -526,7 +540,7 @@ def make(cfg: SqlConfig, cache_dir: Path) -> SqlEnv:
 def schema_words(cfg: SqlConfig) -> list[str]:
     """Table and column names, one token each for the tiny policy, which copies them from the schema it reads."""
     data = load_dataset(_root(cfg.data_path))
-    words = [w for _, p in data.databases for t, _, cols in schema_of(str(p)) for w in (t, *cols)]
+    words = [w for p in data.databases.values() for t, _, cols in schema_of(str(p)) for w in (t, *cols)]
     return list(dict.fromkeys(words))[:20_000]
 
 
