@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from pipeline.data.seeds import task_seed
+from pipeline.data.tables import write_text_atomic
 from pipeline.envs.base import CACHE_DIR, Env, has, make_env, require
 from pipeline.envs.search_index import Retriever
 
@@ -29,11 +29,11 @@ def brief(env: Env) -> str:
     return env.task_brief() if has(env, "task_brief") else env.task_description()
 
 
-def expert_episode(env: Env, task: int, max_turns: int) -> tuple[str, str, str]:
-    """(the task's full text, its short text, the demonstration) of the expert's episode on `task`."""
+def expert_episode(env: Env, task: int, max_turns: int) -> tuple[str, str]:
+    """(the task's full text, the demonstration) of the expert's episode on `task`."""
     env.reset(task)
-    full, short = env.task_description(), brief(env)
-    lines = [f"Task: {short}"]
+    full = env.task_description()
+    lines = [f"Task: {brief(env)}"]
     for turn in range(1, max_turns + 1):
         actions = env.expert_actions()
         if not actions:
@@ -44,7 +44,7 @@ def expert_episode(env: Env, task: int, max_turns: int) -> tuple[str, str, str]:
         lines.append(f"Action {turn}: {res.action}\nResult {turn}: {observation}")
         if res.terminated or res.truncated:
             break
-    return full, short, "\n".join(lines)
+    return full, "\n".join(lines)
 
 
 def _pool_file(params, cache_dir: Path) -> Path:
@@ -53,7 +53,7 @@ def _pool_file(params, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"demonstrations-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def build_pool(params, cache_dir: Path = Path(CACHE_DIR)) -> list[tuple[str, str, str]]:
+def build_pool(params, cache_dir: Path = Path(CACHE_DIR)) -> list[tuple[str, str]]:
     """The run's pool of expert episodes, played once and then read from the cache."""
     path = _pool_file(params, cache_dir)
     if path.is_file():
@@ -63,22 +63,20 @@ def build_pool(params, cache_dir: Path = Path(CACHE_DIR)) -> list[tuple[str, str
     pool = [expert_episode(env, task_seed("warmstart", params.seed, 0, j), params.env.max_turns)
             for j in range(params.prompt.demonstration_pool)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(pool))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(pool))
     return pool
 
 
 class Demonstrations:
     """The pool and its BM25 index over the tasks' full texts."""
 
-    def __init__(self, pool: list[tuple[str, str, str]], k: int, cache_dir: Path):
+    def __init__(self, pool: list[tuple[str, str]], k: int, cache_dir: Path):
         self.pool, self.k = pool, k
-        self.index = Retriever.cached([full for full, _, _ in pool], cache_dir)
+        self.index = Retriever.cached([full for full, _ in pool], cache_dir)
 
     def for_task(self, text: str) -> list[str]:
         rows = self.index.search(text, self.k + 4)
-        return [self.pool[r][2] for r in rows if self.pool[r][0] != text][:self.k]
+        return [self.pool[r][1] for r in rows if self.pool[r][0] != text][:self.k]
 
 
 _LOADED: dict[tuple[str, int], Demonstrations] = {}     # per process: every episode's environment shares one

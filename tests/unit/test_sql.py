@@ -429,7 +429,7 @@ def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_onc
     # a training task is never shown its own question
     pool = demos.build_pool(p)
     own = next(t for t in (task_seed("train", 0, 1, i) for i in range(400))
-               if env.reset(t) and env.task_description().split("\n\n")[-1] in {full for full, _, _ in pool})
+               if env.reset(t) and env.task_description().split("\n\n")[-1] in {full for full, _ in pool})
     env.reset(own)
     assert f"Task: {env.task_brief()}" not in env.task_description()
     # the pool is played once and read back from the run's cache
