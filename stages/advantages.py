@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.credit.methods import compute_advantages, own_history
+from pipeline.credit.methods import compute_advantages, credit_table
 from pipeline.data import paths, tables
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
@@ -34,15 +34,7 @@ def main(argv=None) -> None:
     ctx = parse_args("advantages", per_iteration=True, argv=argv)
     p = ctx.params
     with stage_job(ctx), Tracker(p, "advantages", ctx.iteration) as tracker:
-        steps = tables.read_table(ctx.path(paths.STEPS), tables.STEPS).drop("task_group")
-        groups = tables.read_table(ctx.path(paths.GROUPS), tables.GROUPS)
-        tables.check_same_turns(steps, ctx.path(paths.STEPS), groups, ctx.path(paths.GROUPS), "group")
-        table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
-        table = own_history(table, p.credit, p.prompt.history_turns, str(ctx.path(paths.GROUPS)))
-        if p.credit.needs_fit:
-            rewards = tables.read_table(ctx.path(paths.STEP_REWARDS), tables.STEP_REWARDS)
-            tables.check_same_turns(steps, ctx.path(paths.STEPS), rewards, ctx.path(paths.STEP_REWARDS), "fit")
-            table = table.join(rewards, on=["episode_id", "step"], how="inner", validate="1:1")
+        table = credit_table(p, ctx.path(paths.STEPS), ctx.path(paths.GROUPS), ctx.path(paths.STEP_REWARDS))
         adv = advantages_excluding_env_errors(table, p.credit)
         bad = adv.join(table.select("episode_id", "step", "task_group"), on=["episode_id", "step"]).filter(
             ~pl.col("advantage").is_finite())

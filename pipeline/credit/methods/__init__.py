@@ -13,6 +13,7 @@ import pkgutil
 import polars as pl
 
 from pipeline.credit.base import EpisodeConfig, Method, compute, registered
+from pipeline.data import tables
 
 for _m in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_m.name}")
@@ -68,5 +69,21 @@ def own_history(table, credit, history_turns: int, where: str):
     return table if own == want else table.with_columns(pl.col("history_groups").list.head(own))
 
 
-__all__ = ["METHODS", "EpisodeConfig", "Method", "own_history", "compute_advantages", "get",
+def credit_table(params, steps_path, groups_path, rewards_path) -> pl.DataFrame:
+    """An iteration's turns joined with their step groups (history cut to the chosen method's depth) and, for a
+    method with a learned per-turn score, the fit stage's scores: what the advantages and the preference pairs
+    are computed from. Each table is checked to hold the step table's turns."""
+    steps = tables.read_table(steps_path, tables.STEPS).drop("task_group")
+    groups = tables.read_table(groups_path, tables.GROUPS)
+    tables.check_same_turns(steps, steps_path, groups, groups_path, "group")
+    table = steps.join(groups, on=["episode_id", "step"], how="inner", validate="1:1")
+    table = own_history(table, params.credit, params.prompt.history_turns, str(groups_path))
+    if params.credit.needs_fit:
+        rewards = tables.read_table(rewards_path, tables.STEP_REWARDS)
+        tables.check_same_turns(steps, steps_path, rewards, rewards_path, "fit")
+        table = table.join(rewards, on=["episode_id", "step"], how="inner", validate="1:1")
+    return table
+
+
+__all__ = ["METHODS", "EpisodeConfig", "Method", "credit_table", "own_history", "compute_advantages", "get",
            "history_depth", "history_params"]
