@@ -65,7 +65,6 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
     stepper = Stepper(model, optimizer, update.grad_clip)
     per_pass = max(1, (update.micro_batch_size or 2 * cfg.minibatch_pairs) // 2)
     model.train()
-    step = 0
     for epoch in range(update.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for mb, idx in enumerate(minibatches(order, cfg.minibatch_pairs)):
@@ -95,7 +94,7 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
             losses.append(step_loss)
             if trace is not None:
                 trace.append(step_loss)
-            step += 1
+            step = len(losses)
             if progress is not None and ticker.due(step):
                 progress(f"step-DPO step {step}/{steps_total}: loss {step_loss:.4f}, {ticker.rate(step):.2f} steps/s")
     model.eval()
