@@ -3,12 +3,16 @@
     python -m bench.learning                                   # 6 methods x 3 seeds on params.yaml (hours on CPU)
     python -m bench.learning --methods grpo gigpo --seeds 0 1 2 --params params.yaml --jobs 2
     python -m bench.learning --params gpu.yaml --jobs 18 --cores 1            # 18 runs side by side on a GPU machine
+    python -m bench.learning --methods grpo --arm dpo grpo update.objective=step_dpo --seeds 0 1   # objectives too
 
 For each seed, one base run makes the initial policy and iteration 1's rollouts and groups
 (`snakemake results/iter_1/groups.parquet`); every method then continues from it, linking its outputs
 (`run.base`, README: Compare methods) rather than copying them, so the methods
 differ only in credit assignment: same initial policy, same first rollouts, same iterations, episodes and update
-steps. Each run is a normal pipeline run in `<work>/<method>_s<seed>/` (its own results/, logs and benchmark
+steps. `--arm LABEL METHOD KEY=VALUE ...` adds a run of METHOD with params of its own (another update objective,
+another margin), labelled LABEL in every table beside the methods; it shares the base run as they do, so its keys
+must not change the initial policy or the first rollout (those jobs would not be shared: Snakemake reruns them in
+the arm's folder). Each run is a normal pipeline run in `<work>/<method>_s<seed>/` (its own results/, logs and benchmark
 files), logged to the repository's MLflow store like any run. Output in `--out`:
 
 - learning_curves.csv: success rate per method, seed and iteration (held-out evaluation);
@@ -79,11 +83,11 @@ def _snakemake(d: Path, cores: int, *targets: str) -> None:
 
 
 def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: str, base_dir: Path,
-                   through: int) -> Path:
-    """Folder `d` set up for a run of `method` that links its jobs of iterations 0..`through` from the base run in
-    `base_dir` (`run.base`)."""
+                   through: int, sets: list[str] = ()) -> Path:
+    """Folder `d` set up for a run of `method` (with the params overrides `sets`) that links its jobs of iterations
+    0..`through` from the base run in `base_dir` (`run.base`)."""
     _workflow(d)
-    p = _params(base, method, seed, tracking_uri)
+    p = _params(apply_overrides(yaml.safe_load(yaml.safe_dump(base)), list(sets)), method, seed, tracking_uri)
     p["run"]["base"] = {"params": str((base_dir / "params.yaml").resolve()), "through": through}
     (d / "params.yaml").write_text(yaml.safe_dump(p))
     return d
@@ -101,10 +105,31 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
             f"{d.parent.name}/{d.name}: {str(e).splitlines()[0]}" for d, e in failed.items()))
 
 
+def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str, list[str]]]:
+    """Label -> (credit method, params overrides): each method as itself, then each `--arm LABEL METHOD KEY=VALUE
+    ...`. A clear error for a label used twice, an unknown method or an override without `=`."""
+    found = {m: (m, []) for m in methods}
+    for arm in arms:
+        if len(arm) < 2:
+            raise SystemExit(f"--arm {' '.join(arm)}: expected LABEL METHOD [KEY=VALUE ...]")
+        label, method, sets = arm[0], arm[1], arm[2:]
+        if label in found:
+            raise SystemExit(f"--arm {label}: the label is used twice (methods are labelled by their own names)")
+        if method not in METHOD_NAMES:
+            raise SystemExit(f"--arm {label}: unknown credit method {method!r}; expected one of {list(METHOD_NAMES)}")
+        if bad := [x for x in sets if "=" not in x]:
+            raise SystemExit(f"--arm {label}: {bad[0]!r} is not KEY=VALUE")
+        found[label] = (method, sets)
+    return found
+
+
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
-            sets: list[str] = ()) -> None:
+            sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
+    arms = arms or {m: (m, []) for m in methods}
     base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
-    check_dependencies(with_overrides(load_params(params_file), list(sets)), params_file)  # before any work
+    for method, own in arms.values():    # every arm's params checked before any work
+        check_dependencies(with_overrides(load_params(params_file), [*sets, f"credit.method={method}", *own]),
+                           params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
 
     def base_run(seed: int) -> None:
@@ -113,10 +138,10 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
         (seed_dir / "params.yaml").write_text(yaml.safe_dump(_params(base, "grpo", seed, uri)))
         _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
                    "results/iter_0/eval.parquet")
-        for m in methods:     # each method links the base's initial policy and first rollout (run.base)
-            continuing_run(work / f"{m}_s{seed}", base, m, seed, uri, seed_dir, through=1)
+        for label, (method, own) in arms.items():  # each links the base's initial policy and first rollout
+            continuing_run(work / f"{label}_s{seed}", base, method, seed, uri, seed_dir, through=1, sets=own)
 
-    run_side_by_side(base_run, seeds, [work / f"{m}_s{s}" for s in seeds for m in methods], jobs, cores)
+    run_side_by_side(base_run, seeds, [work / f"{a}_s{s}" for s in seeds for a in arms], jobs, cores)
 
 
 def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
@@ -285,11 +310,15 @@ def main(argv=None) -> None:
     ap.add_argument("--report-only", action="store_true", help="only collect finished runs")
     ap.add_argument("--no-oracle", action="store_true", help="skip scoring the runs' advantages against the oracle")
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--arm", nargs="+", action="append", default=[], metavar="LABEL METHOD KEY=VALUE",
+                    help="a run of METHOD with params of its own, labelled LABEL, e.g. --arm dpo grpo "
+                         "update.objective=step_dpo (repeatable)")
     ap.add_argument("--baseline", default="grpo", help="the method every other one is compared with (verdicts)")
     args = ap.parse_args(argv)
+    arms = parse_arms(args.methods, args.arm)
     if not args.report_only:
-        run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
-    report(args.work, args.methods, args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle,
+        run_all(args.params, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set, arms)
+    report(args.work, list(arms), args.seeds, args.out, log=not args.no_mlflow, oracle=not args.no_oracle,
            baseline=args.baseline)
 
 

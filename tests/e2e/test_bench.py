@@ -11,6 +11,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 
 from bench import credit_quality, throughput
 from pipeline.config.params import METHOD_NAMES
@@ -113,9 +114,25 @@ def test_learning_summary_by_hand():
     assert diff["grpo"]["final_minus_grpo_mean"] == 0.0
 
 
+def test_learning_arms(tmp_path):
+    """`--arm` adds a labelled run of a method with params of its own beside the methods; bad arms are refused."""
+    from bench import learning
+
+    arms = learning.parse_arms(["grpo"], [["dpo", "gigpo", "update.objective=step_dpo", "update.step_dpo.beta=0.5"]])
+    assert arms == {"grpo": ("grpo", []), "dpo": ("gigpo", ["update.objective=step_dpo", "update.step_dpo.beta=0.5"])}
+    d = learning.continuing_run(tmp_path / "dpo_s1", {"update": {"lr": 0.001}}, "gigpo", 1, "sqlite:///m.db",
+                                tmp_path / "base_s1", through=1, sets=arms["dpo"][1])
+    p = yaml.safe_load((d / "params.yaml").read_text())
+    assert p["update"] == {"lr": 0.001, "objective": "step_dpo", "step_dpo": {"beta": 0.5}}
+    assert (p["seed"], p["credit"]["method"], p["run"]["base"]["through"]) == (1, "gigpo", 1)
+    for bad, words in ((["grpo", "rloo"], "used twice"), (["x", "ppo"], "unknown credit method 'ppo'"),
+                       (["x", "grpo", "update.objective"], "is not KEY=VALUE"), (["x"], "LABEL METHOD")):
+        with pytest.raises(SystemExit, match=words):
+            learning.parse_arms(["grpo"], [bad])
+
+
 @pytest.mark.e2e
 def test_learning_smoke(tmp_path):
-    import yaml
 
     from bench import learning
 
@@ -261,7 +278,6 @@ def test_branching_smoke(tmp_path):
     """Plain and entropy-branching GiGPO from one initial policy, one iteration each, through every stage: the
     initial policy is the base's (linked), the entropy arm's tasks hold exactly group_size episodes with copied turns,
     its branch points fall into one step group, and the report pairs the arms."""
-    import yaml
 
     from bench import branching
 
