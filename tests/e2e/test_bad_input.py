@@ -2,15 +2,20 @@
 no traceback, and writes nothing (README, Failures and resuming).
 
 The tables come from the shared OPRL run of the tiny configuration (it has every kind: steps, groups, step rewards,
-advantages). Each case copies the run, breaks one table the way a user or a crashed tool would, runs the stage
-as Snakemake or DVC would (`python -m stages.X`), and checks the message names the file and the problem.
+advantages). Each case copies the run, breaks one table the way a user or a crashed tool would, runs the stage,
+and checks the message names the file and the problem. The first case of each stage runs it as Snakemake or DVC
+would (`python -m stages.X`, a process of its own: its exit status and whole output); the others call the same
+entry point (`stages.X.main`) in the test's process, one after another, which checks the same frame
+(`pipeline.workflow.cli.stage_job`) without importing torch again for every case.
 """
 
+import contextlib
+import importlib
+import io
 import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -86,8 +91,26 @@ def break_table(path: Path, how) -> None:
         how(pl.read_parquet(path)).write_parquet(path)   # written by polars: large types, as a user's edit is
 
 
-def run_case(source: Path, work: Path, stage: str, table: str, case: str) -> str | None:
-    """Run one case; returns what went wrong, or None."""
+def run_in_process(stage: str, d: Path) -> tuple[int, str]:
+    """`stages.<stage>.main` in folder `d`, as its command line would run it: (exit status, stderr); an exception
+    that escapes the stage's frame comes back as a traceback in stderr, as it would from the process."""
+    err, cwd, code = io.StringIO(), os.getcwd(), 0
+    os.chdir(d)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            importlib.import_module(f"stages.{stage}").main(["--params", "params.yaml", "--iteration", "1"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except Exception as e:     # noqa: BLE001 - reported as the process would show it
+        code = 1
+        err.write(f"Traceback (most recent call last):\n{type(e).__name__}: {e}\n")
+    finally:
+        os.chdir(cwd)
+    return code, err.getvalue()
+
+
+def run_case(source: Path, work: Path, stage: str, table: str, case: str, process: bool) -> str | None:
+    """Run one case, as a process of its own or in this one; returns what went wrong, or None."""
     how, expected = TABLE_CASES[table][case]
     d = work / f"{stage}-{table}-{case.replace(' ', '_')}"
     shutil.copytree(source, d, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", ".snakemake", "iter_2"))
@@ -96,14 +119,18 @@ def run_case(source: Path, work: Path, stage: str, table: str, case: str) -> str
         p = it1 / out
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     break_table(it1 / f"{table}.parquet", how)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CREDITRL_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", "params.yaml", "--iteration", "1"],
-                       cwd=d, capture_output=True, text=True, timeout=300, env=env)
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error")]
+    if process:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CREDITRL_THREADS": "1"}
+        r = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", "params.yaml", "--iteration", "1"],
+                           cwd=d, capture_output=True, text=True, timeout=300, env=env)
+        code, stderr = r.returncode, r.stderr + r.stdout
+    else:
+        code, stderr = run_in_process(stage, d)
+    errors = [line for line in stderr.splitlines() if line.startswith("error")]
     problems = []
-    if r.returncode != 1:
-        problems.append(f"exit status {r.returncode}")
-    if "Traceback" in r.stderr + r.stdout:
+    if code != 1:
+        problems.append(f"exit status {code}")
+    if "Traceback" in stderr:
         problems.append("a traceback")
     if len(errors) != 1:
         problems.append(f"{len(errors)} error lines")
@@ -114,7 +141,7 @@ def run_case(source: Path, work: Path, stage: str, table: str, case: str) -> str
         problems.append(f"wrote {written}")
     if list(it1.glob(".*.tmp-*")):
         problems.append("left temporaries")
-    return f"{stage} / {table} / {case}: " + ", ".join(problems) + f"\n{r.stderr[-1500:]}" if problems else None
+    return f"{stage} / {table} / {case}: " + ", ".join(problems) + f"\n{stderr[-1500:]}" if problems else None
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +158,8 @@ def oprl_run(method_runs, tmp_path_factory):
 @pytest.mark.parametrize("stage", list(READS))
 def test_every_broken_table_is_refused_in_one_line(oprl_run, tmp_path, stage):
     cases = [(table, case) for table in READS[stage] for case in TABLE_CASES[table]]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda tc: run_case(oprl_run, tmp_path, stage, *tc), cases))
+    results = [run_case(oprl_run, tmp_path, stage, table, case, process=i == 0)
+               for i, (table, case) in enumerate(cases)]
     failures = [r for r in results if r]
     assert not failures, "\n\n".join(failures)
     assert len(cases) >= 9
