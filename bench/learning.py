@@ -27,6 +27,9 @@ files), logged to the repository's MLflow store like any run. Output in `--out`:
   final held-out success and in area under the curve, in points, with a 95 % two-level bootstrap interval (seeds,
   then held-out tasks within a seed), the exact sign-flip p-value over seeds, the seeds 80 % power would need and
   the verdict in words (`bench.verdicts`); the sentences are printed too;
+- learning_pairs.csv: for runs that learn from step-level preferences (`update.objective: step_dpo`), per run and
+  iteration the pairs, the share of the iteration's turns in a pair, the states with a pair and the mean gap and
+  margin (`pipeline.credit.preferences.pair_stats`);
 - learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
 """
 
@@ -48,6 +51,7 @@ from bench import log_run
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.oracle import run_credit
+from pipeline.credit.preferences import pair_stats
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
 
@@ -165,6 +169,20 @@ def collect_credit(work: Path, methods: list[str], seeds: list[int]) -> pl.DataF
     return pl.concat(frames, how="diagonal_relaxed").select("method", "seed", pl.all().exclude("method", "seed"))
 
 
+def collect_pairs(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:
+    """Each step-DPO run's pairs per iteration (`pair_stats` of `iter_<i>/pairs.parquet` against its step table);
+    empty where no run has pairs."""
+    rows = []
+    for m in methods:
+        for s in seeds:
+            it_dirs = sorted((work / f"{m}_s{s}" / "results").glob("iter_*/pairs.parquet"))
+            for f in it_dirs:
+                turns = pl.scan_parquet(f.parent / "steps.parquet").select(pl.len()).collect().item()
+                rows.append({"method": m, "seed": s, "iteration": int(f.parent.name.split("_")[1]),
+                             **pair_stats(pl.read_parquet(f), turns)})
+    return pl.DataFrame(rows).sort("method", "seed", "iteration", maintain_order=True) if rows else pl.DataFrame()
+
+
 def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per method: final, best and area under the curve (mean over iterations), the gain (final minus iteration 0),
     mean and std over seeds, and with `credit` the mean oracle ROC-AUC of the step term and of the advantage over
@@ -277,11 +295,17 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
         write_text_atomic(out / "learning_credit.csv", credit.write_csv())
     if vs.height:
         write_text_atomic(out / "learning_vs_grpo.csv", vs.write_csv())
+    pairs = collect_pairs(work, methods, seeds)
+    if pairs.height:
+        write_text_atomic(out / "learning_pairs.csv", pairs.write_csv())
     plot(curves, out / "learning.png")
     with pl.Config(tbl_rows=20, tbl_cols=12, tbl_width_chars=160, float_precision=3):
         print(table)
         if vs.height:
             print(vs)
+        if pairs.height:
+            print(pairs.group_by("method", maintain_order=True).agg(
+                pl.col("pairs", "share_turns_in_pair", "gap_mean", "margin_mean").mean()))
     if verdict_table.height:
         print(panel)
         print("\n".join(verdict_table["sentence"].to_list()))
@@ -292,7 +316,7 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
                    if r.get(k) is not None and r[k] == r[k]}
         log_run("learning", {"methods": methods, "seeds": seeds, "work": str(work.resolve())}, metrics,
                 [out / f for f in ("learning.csv", "learning_curves.csv", "learning.png", "learning_credit.csv",
-                                   "learning_verdicts.csv") if (out / f).exists()])
+                                   "learning_verdicts.csv", "learning_pairs.csv") if (out / f).exists()])
     return table
 
 

@@ -131,6 +131,22 @@ def test_learning_arms(tmp_path):
             learning.parse_arms(["grpo"], [bad])
 
 
+def test_learning_pairs_per_run_and_iteration(tmp_path):
+    """learning_pairs.csv's figures for a step-DPO run: 2 pairs over 3 distinct turns of the iteration's 5."""
+    from bench.learning import collect_pairs
+
+    it = tmp_path / "dpo_s0/results/iter_2"
+    it.mkdir(parents=True)
+    pl.DataFrame({"episode_id": [1, 1, 2, 2, 3]}).write_parquet(it / "steps.parquet")
+    pl.DataFrame({"step_group": [7, 7], "chosen_episode": [1, 1], "chosen_step": [0, 0], "rejected_episode": [2, 3],
+                  "rejected_step": [0, 0], "gap": [1.0, 3.0], "margin": [0.5, 1.5]}).write_parquet(it / "pairs.parquet")
+    (tmp_path / "grpo_s0/results/iter_2").mkdir(parents=True)          # a PPO run: no pairs, no rows
+    row = collect_pairs(tmp_path, ["grpo", "dpo"], [0]).row(0, named=True)
+    assert row == {"method": "dpo", "seed": 0, "iteration": 2, "pairs": 2.0, "share_turns_in_pair": 0.6,
+                   "states_with_pairs": 1.0, "gap_mean": 2.0, "margin_mean": 1.0}
+    assert collect_pairs(tmp_path, ["grpo"], [0]).height == 0
+
+
 @pytest.mark.e2e
 def test_learning_smoke(tmp_path):
 
