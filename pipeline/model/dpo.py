@@ -84,7 +84,7 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
                 if not torch.isfinite(loss):
                     raise NonFiniteError(f"step-DPO loss is {float(loss)} at epoch {epoch}, minibatch {mb}")
                 stepper.backward(loss)
-                step_loss += float(loss)
+                step_loss += loss.item()
                 for key, v in stats.items():
                     totals[key] += v
                 seen += k

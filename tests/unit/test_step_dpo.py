@@ -132,8 +132,8 @@ def test_one_step_raises_the_chosen_turn_against_the_rejected_one():
     before = sums()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     update = UpdateConfig(epochs=1, micro_batch_size=2)
-    stats = step_dpo_update(model, opt, prompts, responses, pairs, before, StepDpoSettings(beta=1.0), update, 0,
-                            seed=0)
+    stats = step_dpo_update(model, opt, prompts, responses, pairs, before, StepDpoSettings(beta=1.0, sft_weight=0),
+                            update, 0, seed=0)
     after = sums()
     assert after[0] - after[1] > before[0] - before[1] and after[3] - after[2] > before[3] - before[2]
     # at the reference the implicit rewards are 0: loss -log sigmoid(-m), the mean of log 2 and softplus(0.5)
