@@ -7,8 +7,6 @@ imports torch, numpy or polars (`pipeline.workflow.threads`). Importing a stage 
 import sys
 
 if sys.argv and sys.argv[0] == "-m":   # `python -m stages.X`: runpy is still locating the module
-    from pipeline.workflow.lean_imports import install
     from pipeline.workflow.threads import configure
 
     configure()
-    install()                           # transformers without scikit-learn and SciPy (no stage uses them)

@@ -1,5 +1,5 @@
-"""A stage process imports transformers without scikit-learn and SciPy (`pipeline.workflow.lean_imports`), and its
-model still trains."""
+"""A process that imports `pipeline.model` (every model stage) imports transformers without scikit-learn and SciPy
+(the import hook in `pipeline/model/__init__.py`), and its model still computes the same numbers."""
 
 import json
 import subprocess
@@ -10,8 +10,7 @@ from tests.conftest import ROOT
 SCRIPT = """
 import importlib.util, json, sys
 if {install}:
-    from pipeline.workflow.lean_imports import install
-    install()
+    import pipeline.model
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import transformers.generation.candidate_generator, transformers.loss.loss_utils   # what imports them
