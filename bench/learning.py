@@ -91,7 +91,7 @@ def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: st
     """Folder `d` set up for a run of `method` (with the params overrides `sets`) that links its jobs of iterations
     0..`through` from the base run in `base_dir` (`run.base`)."""
     _workflow(d)
-    p = _params(apply_overrides(yaml.safe_load(yaml.safe_dump(base)), list(sets)), method, seed, tracking_uri)
+    p = _params(apply_overrides(base, list(sets)), method, seed, tracking_uri)     # a copy, with its overrides
     p["run"]["base"] = {"params": str((base_dir / "params.yaml").resolve()), "through": through}
     (d / "params.yaml").write_text(yaml.safe_dump(p))
     return d
@@ -129,11 +129,11 @@ def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str
 
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
             sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
-    arms = arms or {m: (m, []) for m in methods}
+    arms = arms or parse_arms(methods, [])
     base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+    loaded = load_params(params_file)
     for method, own in arms.values():    # every arm's params checked before any work
-        check_dependencies(with_overrides(load_params(params_file), [*sets, f"credit.method={method}", *own]),
-                           params_file)
+        check_dependencies(with_overrides(loaded, [*sets, f"credit.method={method}", *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
 
     def base_run(seed: int) -> None:
@@ -175,8 +175,7 @@ def collect_pairs(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFr
     rows = []
     for m in methods:
         for s in seeds:
-            it_dirs = sorted((work / f"{m}_s{s}" / "results").glob("iter_*/pairs.parquet"))
-            for f in it_dirs:
+            for f in (work / f"{m}_s{s}" / "results").glob("iter_*/pairs.parquet"):     # sorted below
                 turns = pl.scan_parquet(f.parent / "steps.parquet").select(pl.len()).collect().item()
                 rows.append({"method": m, "seed": s, "iteration": int(f.parent.name.split("_")[1]),
                              **pair_stats(pl.read_parquet(f), turns)})
