@@ -75,8 +75,13 @@ def warm_start(ctx, model, tokenizer, tracker):
     ctx.log(f"{len(pairs)} demonstration turns from {w.episodes} expert-guided episodes")
     if w.lora is not None:
         model = with_lora(model, w.lora, seed=seed)
+    if w.gradient_checkpointing:   # non-reentrant: works with frozen inputs (LoRA) as with full training
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     losses = supervised_warmstart(model, tokenizer, pairs, steps, w.batch_size, w.lr_for(p.policy), seed,
-                                  clean_steps=w.clean_steps, progress=ctx.log, packing=w.packing)
+                                  clean_steps=w.clean_steps, progress=ctx.log, packing=w.packing,
+                                  micro_batch_size=w.micro_batch_size, micro_batch_tokens=w.micro_batch_tokens)
+    if w.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
     if w.lora is not None:
         model = model.merge_and_unload()
     metrics["demonstration_turns"] = float(len(pairs))

@@ -15,7 +15,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
-from pipeline.data.section import LoraSettings, Packing, Section
+from pipeline.data.section import LoraSettings, MicroBatching, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
 from pipeline.envs.base import registered as registered_envs
 from pipeline.model.gguf_import import gguf_header, is_gguf
@@ -103,7 +103,7 @@ class PolicyConfig(Section):
         return self
 
 
-class WarmstartConfig(Section):
+class WarmstartConfig(MicroBatching):
     """Supervised fine-tuning of iteration 0's policy on the environment's expert demonstrations, through the model's
     chat template, with the loss on the response tokens (`pipeline.rollout.warmstart`)."""
     episodes: int = Field(1500, ge=0, le=MAX_INDEX, description="expert-guided episodes turned into demonstrations")
@@ -121,8 +121,6 @@ class WarmstartConfig(Section):
                              "decay); null: 2e-3 for the tiny default, 1e-5 for a model from policy.path")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters in the warm start and merge them into "
                                       "iteration 0's checkpoint (null: full fine-tuning)")
-    packing: Packing = Field("none", description="tree: each step's batch as one prefix tree, "
-                                             "the same loss and gradient (docs/models.md, Tree packing)")
 
     def steps_for(self, policy: PolicyConfig) -> int:
         return self.steps if self.steps is not None else (800 if policy.path is None else 0)
@@ -257,7 +255,7 @@ class StepDpoSettings(Section):
     minibatch_pairs: int = Field(16, ge=1, description="pairs per optimiser step, at most")
 
 
-class UpdateConfig(Section):
+class UpdateConfig(MicroBatching):
     objective: Literal["ppo", "step_dpo"] = Field(
         "ppo", description="ppo: PPO-clip on every turn with the credit method's advantages; step_dpo: a DPO loss "
         "on pairs of turns of one state, ranked by the credit method's step values (update.step_dpo)")
@@ -266,17 +264,6 @@ class UpdateConfig(Section):
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step, at most: an iteration's n turns "
                                 "are cut into ceil(n / minibatch_size) minibatches of near-equal size")
-    micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a minibatch's "
-                                         "gradients are accumulated over its micro-batches, with the same token-mean "
-                                         "loss (memory, not maths; null: the whole minibatch at once)")
-    packing: Packing = Field("none", description="none: each micro-batch is a right-padded batch of "
-                                             "its turns; tree: one prefix tree of them, each distinct prefix computed "
-                                             "once, the same log-probs and gradient (docs/models.md, Tree packing)")
-    micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a micro-batch holds at most this "
-                                           "many packed tokens (its turns sorted so that shared prefixes fall "
-                                           "together; a longer turn goes alone), instead of micro_batch_size turns")
-    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
-                                         "pass instead of keeping them (less memory, about a third more compute)")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
     kl_coef: float = Field(0.0, ge=0.0, description="low_var_kl to the iteration-0 policy; 0 turns it off")
@@ -291,13 +278,6 @@ class UpdateConfig(Section):
         "logprob_mismatch, reported under recompute, was at most 5e-5 for vLLM; not bf16 vLLM on a GPU)")
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
-
-    @model_validator(mode="after")
-    def _tokens_need_trees(self):
-        if self.micro_batch_tokens is not None and self.packing != "tree":
-            raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
-                             "or size padded micro-batches with micro_batch_size")
-        return self
 
 
 class EvaluateConfig(Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["mean_std_norm", "mean_norm"]
 EpisodeStats = Literal["per_episode", "per_turn"]
@@ -34,3 +34,27 @@ class LoraSettings(Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="module names that get adapters, or all-linear (every linear layer but the LM "
         "head, as verl's and TRL's defaults)")
+
+
+class MicroBatching(Section):
+    """How a batch of turns goes through the model in a training step (the update's minibatches, the warm start's
+    batches): in micro-batches whose gradients are accumulated, padded or packed as prefix trees. Memory and speed,
+    not maths: the loss stays the token mean over the whole batch."""
+    micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a batch's "
+                                         "gradients are accumulated over its micro-batches, with the same token-mean "
+                                         "loss (memory, not maths; null: the whole batch at once)")
+    packing: Packing = Field("none", description="none: each micro-batch is a right-padded batch of "
+                                             "its turns; tree: one prefix tree of them, each distinct prefix computed "
+                                             "once, the same log-probs and gradient (docs/models.md, Tree packing)")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a micro-batch holds at most this "
+                                           "many packed tokens (its turns sorted so that shared prefixes fall "
+                                           "together; a longer turn goes alone), instead of micro_batch_size turns")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
+                                         "pass instead of keeping them (less memory, about a third more compute)")
+
+    @model_validator(mode="after")
+    def _tokens_need_trees(self):
+        if self.micro_batch_tokens is not None and self.packing != "tree":
+            raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
+                             "or size padded micro-batches with micro_batch_size")
+        return self

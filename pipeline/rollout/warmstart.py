@@ -24,7 +24,7 @@ import torch
 from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_of
 from pipeline.envs.base import has, make_env, require
-from pipeline.model.packing import response_logprobs
+from pipeline.model.packing import micro_batches, response_logprobs
 from pipeline.model.policy import encode_prompt, encode_response
 from pipeline.model.precision import Stepper
 from pipeline.progress import Ticker
@@ -87,12 +87,15 @@ def tokenizer_corpus(params, seed: int) -> list[str]:
 
 def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
                          lr: float, seed: int, clean_steps: int = 0,
-                         progress: Callable[[str], None] | None = None, packing: str = "none") -> list[float]:
+                         progress: Callable[[str], None] | None = None, packing: str = "none",
+                         micro_batch_size: int | None = None, micro_batch_tokens: int | None = None) -> list[float]:
     """Cross-entropy on the response tokens (EOS included; the prompt goes through the model's chat template, as
     in rollouts): the first `clean_steps` steps on the optimal labels, the rest on the executed (mixed) ones. Only
     the parameters that require gradients train (LoRA adapters, when the model carries them). Progress lines every
-    50 steps or 30 s. `packing` tree: each batch as one prefix tree (`pipeline.model.packing`). Returns the loss of
-    every step."""
+    50 steps or 30 s. `packing` tree: each batch as one prefix tree (`pipeline.model.packing`). A step's batch goes
+    through the model in micro-batches of `micro_batch_size` turns (or, packed as trees, of at most
+    `micro_batch_tokens` tokens), with the gradients accumulated: the loss stays the token mean over the whole
+    batch (less memory, the same step). Returns the loss of every step."""
     if steps == 0 or not demos:
         return []
     gen = torch.Generator().manual_seed(seed)
@@ -109,15 +112,19 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     for step in range(steps):
         encoded = clean if step < clean_steps else mixed
         idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
-        logp, _, resp = response_logprobs(model, [encoded[i][0] for i in idx], [encoded[i][1] for i in idx],
-                                          tokenizer.pad_token_id, packing)
-        resp = resp.to(logp.device)
-        loss = -(logp * resp).sum() / resp.sum()
+        tokens = sum(len(encoded[i][1]) for i in idx)
         opt.zero_grad(set_to_none=True)
-        stepper.backward(loss)
+        loss = 0.0
+        for part in _parts(encoded, idx, packing, micro_batch_size, micro_batch_tokens):
+            logp, _, resp = response_logprobs(model, [encoded[i][0] for i in part], [encoded[i][1] for i in part],
+                                              tokenizer.pad_token_id, packing)
+            resp = resp.to(logp.device)
+            part_loss = -(logp * resp).sum() / tokens
+            stepper.backward(part_loss)
+            loss += part_loss.item()
         stepper.step(f"warm start step {step}")
         sched.step()
-        losses.append(loss.item())
+        losses.append(loss)
         if progress is not None and ticker.due(step + 1):
             rate = ticker.rate(step + 1)
             recent = losses[-min(50, len(losses)):]
@@ -125,3 +132,14 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
                      f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")
     model.eval()
     return losses
+
+
+def _parts(encoded, idx: list[int], packing: str, size: int | None, max_tokens: int | None) -> list[list[int]]:
+    """One step's batch `idx` (indices into `encoded`, repeats allowed) cut into the micro-batches that go through
+    the model one at a time: prefix trees of at most `max_tokens` tokens (packing tree), else `size` turns each,
+    else the whole batch."""
+    if packing == "tree" and max_tokens is not None:
+        seqs = [encoded[i][0] + encoded[i][1] for i in idx]
+        return [[idx[j] for j in part] for part in micro_batches(seqs, list(range(len(idx))), max_tokens)]
+    size = size or len(idx)
+    return [idx[k:k + size] for k in range(0, len(idx), size)]

@@ -140,6 +140,15 @@ def test_the_warm_start_trains_alike_packed_or_not(tokenizer, monkeypatch):
     assert packs == [8] * 4                                        # each step's batch, one tree
     assert tree == pytest.approx(plain, rel=1e-5)
     assert plain[0] > 1.0 and plain[-1] < 0.9 * plain[0]           # the steps moved the loss
+    # micro-batches with accumulated gradients: the same steps, in 3 passes of at most 3 turns (padded) or in
+    # prefix trees of at most 150 tokens
+    packs.clear()
+    small = supervised_warmstart(copy.deepcopy(model), tok, demos, steps=4, batch_size=8, lr=1e-2, seed=0,
+                                 micro_batch_size=3)
+    assert packs == [] and small == pytest.approx(plain, rel=1e-5)
+    trees = supervised_warmstart(copy.deepcopy(model), tok, demos, steps=4, batch_size=8, lr=1e-2, seed=0,
+                                 packing="tree", micro_batch_tokens=150)
+    assert sum(packs) == 32 and len(packs) > 4 and trees == pytest.approx(plain, rel=1e-5)
 
 
 def test_a_sliding_window_shorter_than_a_sequence_is_refused():
