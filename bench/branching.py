@@ -42,6 +42,7 @@ from pipeline.config.params import Params, apply_overrides, check_dependencies, 
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import GROUPS, STEPS, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env, spec_of
 from pipeline.rollout.branching import branch_point_groups, rollout_counts
@@ -79,8 +80,8 @@ def rollout_rows(run: Path, arm: str, method: str, seed: int) -> list[dict]:
     tool_call = spec_of(p.env).tool_call
     results = run / "results"
     rows = []
-    for d in sorted(results.glob("iter_*/steps.parquet"), key=lambda f: int(f.parent.name.split("_")[1])):
-        it = int(d.parent.name.split("_")[1])
+    for it in iterations_with(results, "steps.parquet"):
+        d = results / f"iter_{it}" / "steps.parquet"
         steps = read_table(d, STEPS)
         tasks = steps["task_group"].n_unique()
         counts = rollout_counts(steps, tool_call)

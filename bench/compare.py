@@ -50,6 +50,7 @@ from pipeline.config.params import load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.data.difficulty import success_by_difficulty
 from pipeline.data.figures import figure_base64, pyplot
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import ADVANTAGES, EVAL_EPISODES, GROUPS, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
 from pipeline.workflow.registry import param_value
@@ -118,15 +119,14 @@ def terms(runs: list[Run]) -> pl.DataFrame:
     """Every turn's episode term, step term and step-group size, over all iterations of each run."""
     frames = []
     for r in runs:
-        for d in sorted(r.results.glob("iter_*")):
-            if not (d / "advantages.parquet").is_file():
-                continue
+        for it in iterations_with(r.results, "advantages.parquet"):
+            d = r.results / f"iter_{it}"
             adv = read_table(d / "advantages.parquet", ADVANTAGES)
             groups = read_table(d / "groups.parquet", GROUPS).select("episode_id", "step", "step_group_size")
             frames.append(adv.join(groups, on=["episode_id", "step"]).select(
                 "episode_advantage", "step_advantage", "step_group_size").with_columns(
                 pl.lit(r.method).alias("method"), pl.lit(r.label).alias("run"),
-                pl.lit(int(d.name.split("_")[1])).alias("iteration")))
+                pl.lit(it).alias("iteration")))
     return pl.concat(frames)
 
 

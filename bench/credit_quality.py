@@ -42,6 +42,7 @@ from pipeline.credit.oracle import (
     score_advantages,
 )
 from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import STEPS, atomic_file, read_table, write_text_atomic
 from pipeline.workflow.runs import run_folder
 
@@ -73,7 +74,7 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
     params = with_overrides(load_params(params_file), list(sets))
-    iterations = sorted(int(p.parent.name.split("_")[1]) for p in run_dir.glob("iter_*/steps.parquet"))
+    iterations = iterations_with(run_dir, "steps.parquet")
     iterations = [i for i in iterations if last is None or i <= last]
     if not iterations:
         raise FileNotFoundError(f"{run_dir}: no iter_*/steps.parquet; run the pipeline first")

@@ -53,6 +53,7 @@ from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependen
 from pipeline.credit.oracle import run_credit
 from pipeline.credit.preferences import pair_stats
 from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,9 +176,11 @@ def collect_pairs(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFr
     rows = []
     for m in methods:
         for s in seeds:
-            for f in (work / f"{m}_s{s}" / "results").glob("iter_*/pairs.parquet"):     # sorted below
+            results = work / f"{m}_s{s}" / "results"
+            for it in iterations_with(results, "pairs.parquet"):
+                f = results / f"iter_{it}" / "pairs.parquet"
                 turns = pl.scan_parquet(f.parent / "steps.parquet").select(pl.len()).collect().item()
-                rows.append({"method": m, "seed": s, "iteration": int(f.parent.name.split("_")[1]),
+                rows.append({"method": m, "seed": s, "iteration": it,
                              **pair_stats(pl.read_parquet(f), turns)})
     return pl.DataFrame(rows).sort("method", "seed", "iteration", maintain_order=True) if rows else pl.DataFrame()
 

@@ -19,6 +19,7 @@ import polars as pl
 
 from pipeline.credit.grouping import build_groups, group_size_distribution, similarity_groups
 from pipeline.credit.naive import similarity_groups_naive
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import STEPS, read_table, write_text_atomic
 
 
@@ -29,7 +30,7 @@ def same_partition(a: list[int], b: list[int]) -> bool:
 
 
 def run(run_dir: Path, threshold: float, out_dir: Path, reference_max: int = 20_000) -> pl.DataFrame:
-    files = sorted(run_dir.glob("iter_*/steps.parquet"), key=lambda p: int(p.parent.name.split("_")[1]))
+    files = [run_dir / f"iter_{it}" / "steps.parquet" for it in iterations_with(run_dir, "steps.parquet")]
     if not files:
         raise FileNotFoundError(f"{run_dir}: no iter_*/steps.parquet; run the pipeline first")
     steps = pl.concat([read_table(f, STEPS) for f in files]).sort("episode_id", "step")

@@ -21,6 +21,7 @@ import polars as pl
 
 from pipeline.config.params import load_params
 from pipeline.data.figures import pyplot, save_figure
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import write_text_atomic
 from pipeline.envs.base import make_env, require, spec_of
 from pipeline.workflow.runs import run_folder
@@ -36,8 +37,8 @@ def iteration_stats(run: Path, env, tool_call) -> tuple[pl.DataFrame, pl.DataFra
     """Per iteration of `run` (a run's results folder), and held-out success per iteration and label; `tool_call`
     says which executed actions call a tool (`EnvSpec.tool_call`)."""
     rows, by_label = [], []
-    for d in sorted(run.glob("iter_*"), key=lambda p: int(p.name.split("_")[1])):
-        it = int(d.name.split("_")[1])
+    for it in iterations_with(run):
+        d = run / f"iter_{it}"
         row = {"iteration": it}
         if (d / "eval.parquet").is_file():
             ev = pl.read_parquet(d / "eval.parquet")

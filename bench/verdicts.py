@@ -34,6 +34,7 @@ from statistics import NormalDist
 import numpy as np
 import polars as pl
 
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import EVAL_EPISODES, read_table
 
 BOOTSTRAP = 10_000
@@ -132,7 +133,7 @@ def verdict(method: str, baseline: str, metric: str, per_task: list[np.ndarray],
 
 def evaluated_iterations(results: Path) -> list[int]:
     """The iterations of a run's folder that have a held-out evaluation (`iter_<i>/eval.parquet`), in order."""
-    return sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/eval.parquet"))
+    return iterations_with(results, "eval.parquet")
 
 
 def task_success(results: Path, iterations: list[int] | None = None) -> pl.DataFrame:

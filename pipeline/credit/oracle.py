@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.data.paths import iterations_with
 from pipeline.data.tables import ADVANTAGES, GROUPS, STEP_REWARDS, STEPS, read_table
 from pipeline.envs.base import make_env, require
 
@@ -123,7 +124,7 @@ def run_credit(results: Path, params) -> pl.DataFrame:
     model, also `auc_score`, the oracle score of the model's own output (`score_advantages`)."""
     model = params.credit.method_def.reward_model   # through params: the report's code is not every method's
     rows = []
-    for it in sorted(int(p.parent.name.split("_")[1]) for p in results.glob("iter_*/advantages.parquet")):
+    for it in iterations_with(results, "advantages.parquet"):
         d = results / f"iter_{it}"
         steps = read_table(d / "steps.parquet", STEPS).sort("episode_id", "step")
         judged = pl.concat([steps.select("episode_id", "step"), oracle_replay(steps, params.env)], how="horizontal")

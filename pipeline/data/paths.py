@@ -9,6 +9,9 @@ The tables' schemas are `pipeline.data.tables`; a stage reads `paths.STEPS` with
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 ITER_DIR = "results/iter_{it}"
 CHECKPOINT = ITER_DIR + "/checkpoint/"
 PREV_CHECKPOINT = "results/iter_{prev}/checkpoint/"
@@ -61,3 +64,14 @@ def fill(template: str, it: int, shard: int | None = None, lag: int = 0) -> str:
 
 def strip_dir(path: str) -> str:
     return path.rstrip("/")
+
+
+def iterations_with(results: str | Path, name: str = "") -> list[int]:
+    """The iterations i, in order, whose folder `results/iter_<i>/` exists and holds `name` (a file or a folder;
+    empty: the folder itself) in a run's results folder."""
+    found = []
+    for d in Path(results).glob("iter_*"):
+        m = re.fullmatch(r"iter_(\d+)", d.name)
+        if m and d.is_dir() and (not name or (d / name).exists()):
+            found.append(int(m.group(1)))
+    return sorted(found)

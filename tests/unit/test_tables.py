@@ -151,3 +151,16 @@ def test_a_joined_table_must_cover_the_same_turns(tmp_path):
                                          r"\(first: episode_id 9, step 0\); rerun the group stage"):
         check_same_turns(steps, "s.parquet", pl.concat([groups, extra]), "g.parquet", "group")
     check_same_turns(steps, "s.parquet", steps.sample(fraction=1.0, shuffle=True, seed=1), "g.parquet", "group")
+
+
+def test_iterations_are_read_from_folder_names_in_numeric_order(tmp_path):
+    from pipeline.data.paths import iterations_with
+
+    for name in ("iter_10", "iter_2", "iter_0", "iter_x", "iter_3b"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "iter_7").write_text("a file, not an iteration's folder")
+    for it in (10, 2):
+        (tmp_path / f"iter_{it}" / "eval.parquet").write_text("")
+    assert iterations_with(tmp_path) == [0, 2, 10]                    # 10 after 2, not as text
+    assert iterations_with(tmp_path, "eval.parquet") == [2, 10]
+    assert iterations_with(tmp_path / "missing", "eval.parquet") == []
