@@ -79,3 +79,11 @@ def stage_seed(stage: str, seed: int, iteration: int = 0) -> int:
     if stage not in _STAGE_SEEDS:
         raise ValueError(f"no seed for stage {stage!r}; expected one of {list(_STAGE_SEEDS)}")
     return _STAGE_SEEDS[stage](seed, iteration)
+
+
+def mix_seed(*parts: int) -> int:
+    """One 63-bit seed from integers (FNV-1a over 64-bit words): e.g. (run seed, episode, turn)."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF

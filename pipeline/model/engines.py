@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
+from pipeline.data.seeds import mix_seed
 from pipeline.model.policy import (
     EntropySpec,
     Generation,
@@ -33,7 +34,6 @@ from pipeline.model.policy import (
     generate,
     is_adapter,
     load_policy,
-    mix_seed,
     resolve_device,
 )
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pipeline.data.seeds import mix_seed
 from pipeline.model.precision import DTYPES, autocast, mark
 
 EOS = "<eos>"
@@ -302,14 +303,6 @@ class _SampledLogprobs:
         terms = torch.stack(self.candidates, dim=1) if self.candidates else torch.zeros((len(lengths), 0))
         scale = math.log(self.entropy.vocab)
         return [float(terms[i, :min(n, terms.shape[1])].sum()) / scale for i, n in enumerate(lengths)]
-
-
-def mix_seed(*parts: int) -> int:
-    """One 63-bit seed from integers (FNV-1a over 64-bit words): e.g. (run seed, episode, turn)."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return h & 0x7FFFFFFFFFFFFFFF
 
 
 class _SeededSampling:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pipeline.model.policy import mix_seed
+from pipeline.data.seeds import mix_seed
 
 BRANCH_STREAM = 0x4252414E   # "BRAN": the branching draws' own stream of the stage seed
 

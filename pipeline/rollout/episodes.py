@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from pipeline.data.seeds import mix_seed
 from pipeline.envs.actions import format_of
 from pipeline.envs.base import Env, Observation, StepResult, has
 from pipeline.model.engines import HFSampler, VLLMSampler
-from pipeline.model.policy import EntropySpec, encode_prompt, mix_seed
+from pipeline.model.policy import EntropySpec, encode_prompt
 from pipeline.rollout.branching import branch_draw, check_replay, copies_to_branch
 from pipeline.rollout.demonstrations import environment
 from pipeline.rollout.prompts import build_prompt
