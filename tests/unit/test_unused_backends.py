@@ -39,3 +39,13 @@ def test_stages_import_transformers_without_sklearn_and_scipy():
     assert plain["imported"] == [True, True]
     assert lean["imported"] == [False, False]
     assert lean["loss"] == plain["loss"] and lean["grad"] == plain["grad"] > 0    # the same model, the same numbers
+
+
+def test_the_stages_without_a_model_do_not_import_torch():
+    """Every iteration runs them as processes of their own: torch's import (about 1.5 CPU-seconds here) is theirs
+    only where they train or sample a model."""
+    code = ("import sys, stages.group, stages.advantages, stages.pairs, stages.report, stages.reward_init; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "False"
