@@ -1,0 +1,113 @@
+"""Benchmark: the warm start's time and memory a step, one batch at once against micro-batches and prefix trees.
+
+    python -m bench.warmstart --params configs/smollm2-sql.yaml --steps 3
+    python -m bench.warmstart --params P --variant plain --variant tree1024 micro_batch_tokens=1024 packing=tree
+
+Each variant (a label and `warmstart` keys over the params' own) runs `--steps` steps of the warm start
+(`pipeline.rollout.warmstart.supervised_warmstart`) from the same initial weights on the params' demonstrations, in
+a fresh process of its own, one after the other, so that its peak resident memory is its own. Same seed, same
+batches: the variants' losses agree up to float summation order (printed, to check that). The model is the params'
+`policy.path` (a GGUF file or a model folder). Writes `OUT/warmstart_steps.csv`: seconds a step, peak resident
+GiB, the losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.config.params import ParamsError, load_params, with_overrides
+from pipeline.data.tables import atomic_file
+
+DEFAULT_VARIANTS = [
+    ("one_batch", []),
+    ("padded_micro_2", ["micro_batch_size=2"]),
+    ("tree_1024", ["packing=tree", "micro_batch_tokens=1024"]),
+    ("tree_1024_checkpointing", ["packing=tree", "micro_batch_tokens=1024", "gradient_checkpointing=true"]),
+]
+
+
+def measure(params_path: Path, sets: list[str], steps: int) -> dict:
+    """One variant in this process: load the model, build the demonstrations, time `steps` steps."""
+    import torch
+
+    from pipeline.data.seeds import stage_seed
+    from pipeline.model.gguf_import import is_gguf, load_gguf
+    from pipeline.model.policy import load_policy
+    from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
+
+    p = load_params(params_path)
+    p = with_overrides(p, [f"warmstart.{s}" for s in sets])
+    w = p.warmstart
+    if p.policy.path is None:
+        raise SystemExit(f"{params_path}: policy.path is null; this benchmark loads a model from a path")
+    torch.set_num_threads(p.runtime.torch_threads or torch.get_num_threads())
+    model, tok = (load_gguf(p.policy.path) if is_gguf(p.policy.path)
+                  else load_policy(p.policy.path, p.policy.dtype, train=True))
+    seed = stage_seed("init", p.seed)
+    demos = demonstrations(p, w.episodes, w.random_action_share, seed, tasks=w.tasks)
+    if w.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    start = time.perf_counter()
+    losses = supervised_warmstart(model, tok, demos, steps, w.batch_size, w.lr_for(p.policy), seed,
+                                  clean_steps=w.clean_steps, packing=w.packing, micro_batch_size=w.micro_batch_size,
+                                  micro_batch_tokens=w.micro_batch_tokens)
+    seconds = (time.perf_counter() - start) / steps
+    return {"s_per_step": seconds, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "losses": losses, "batch_size": w.batch_size, "demonstration_turns": len(demos)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--variant", nargs="+", action="append", metavar=("LABEL", "KEY=VALUE"),
+                    help="a label and warmstart keys (repeatable; default: one batch, padded micro-batches of 2, "
+                         "trees of 1,024 tokens with and without gradient checkpointing)")
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--one", nargs="*", help=argparse.SUPPRESS)      # the child process: these sets
+    a = ap.parse_args(argv)
+    if a.one is not None:
+        print("RESULT " + json.dumps(measure(a.params, a.one, a.steps)))
+        return
+    variants = [(v[0], v[1:]) for v in a.variant] if a.variant else DEFAULT_VARIANTS
+    try:                                                 # broken params or variants fail here, before any run
+        base = load_params(a.params)
+        for label, sets in variants:
+            with_overrides(base, [f"warmstart.{s}" for s in sets], f"--variant {label}")
+    except ParamsError as e:
+        raise SystemExit(str(e)) from None
+    rows = []
+    for label, sets in variants:
+        print(f"{label}: {steps_text(a.steps)} ...", flush=True)
+        out = subprocess.run([sys.executable, "-m", "bench.warmstart", "--params", str(a.params), "--steps",
+                              str(a.steps), "--one", *sets], capture_output=True, text=True)
+        lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode != 0 or not lines:
+            raise SystemExit(f"variant {label} failed:\n{out.stderr[-3000:]}")
+        r = json.loads(lines[-1][len("RESULT "):])
+        rows.append({"variant": label, "keys": " ".join(sets), "s_per_step": round(r["s_per_step"], 2),
+                     "peak_rss_gib": round(r["peak_rss_gib"], 2), "batch_size": r["batch_size"],
+                     "losses": " ".join(f"{x:.6f}" for x in r["losses"])})
+        print(f"  {rows[-1]['s_per_step']} s a step, {rows[-1]['peak_rss_gib']} GiB peak, losses {rows[-1]['losses']}",
+              flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    target = a.out / "warmstart_steps.csv"
+    with atomic_file(target) as tmp:
+        pl.DataFrame(rows).write_csv(tmp)
+    print(f"wrote {target}")
+
+
+def steps_text(n: int) -> str:
+    return f"{n} step" + ("s" if n != 1 else "")
+
+
+if __name__ == "__main__":
+    main()
