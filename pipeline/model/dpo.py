@@ -7,9 +7,10 @@ Loss per pair (chosen turn w, rejected turn l, margin m), with log-probs summed 
     + sft_weight · (−log π_θ(y_w|s))
 
 averaged over a minibatch's pairs; one AdamW step a minibatch of `minibatch_pairs` pairs (shuffled each epoch),
-in micro-batches of the update's `micro_batch_size` turns (two a pair). The log-probs are the model's own
-distribution (temperature 1). The chosen and rejected turns of a pair share their prompt, so tree packing
-(`update.packing: tree`) runs it once.
+in micro-batches of the update's `micro_batch_size` turns (two a pair), or with `update.packing: tree` and
+`micro_batch_tokens`, of whole pairs whose prefix tree holds at most that many tokens. The log-probs are the model's
+own distribution (temperature 1). The chosen and rejected turns of a pair share their prompt, so tree packing runs
+it once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.data.batches import minibatch_count, minibatches
-from pipeline.model.packing import response_logprobs
+from pipeline.model.packing import grouped_micro_batches, response_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
@@ -70,8 +71,8 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
         for mb, idx in enumerate(minibatches(order, cfg.minibatch_pairs)):
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
-            for b in range(0, len(idx), per_pass):
-                part = [pairs[k] for k in idx[b: b + per_pass]]
+            for chunk in _passes(prompts, responses, pairs, idx, per_pass, update):
+                part = [pairs[k] for k in chunk]
                 turns = [w for w, _, _ in part] + [lo for _, lo, _ in part]
                 sums = summed_logprobs(model, [prompts[i] for i in turns], [responses[i] for i in turns], pad_id,
                                        update.packing)
@@ -102,3 +103,13 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
     out |= {"loss": sum(losses) / max(len(losses), 1), "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "pairs": float(n), "skipped_steps": float(stepper.skipped)}
     return out
+
+
+def _passes(prompts, responses, pairs, idx: list[int], per_pass: int, update) -> list[list[int]]:
+    """A minibatch's pairs `idx` in the passes that go through the model one at a time: prefix trees of at most
+    `update.micro_batch_tokens` tokens (packing tree), else `per_pass` pairs each. The loss is a mean over the
+    minibatch, whatever the passes."""
+    if update.packing == "tree" and update.micro_batch_tokens is not None:
+        items = {k: tuple(list(prompts[i]) + list(responses[i]) for i in pairs[k][:2]) for k in idx}
+        return grouped_micro_batches(items, idx, update.micro_batch_tokens)
+    return [idx[b: b + per_pass] for b in range(0, len(idx), per_pass)]

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from pipeline.model.policy import _accepts_logits_to_keep, _lm_class, pad_batch, token_logprobs
 from pipeline.model.precision import autocast
 
-__all__ = ["Packed", "attention_mask", "micro_batches", "pack", "packed_tokens", "response_logprobs"]
+__all__ = ["Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens",
+           "response_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -108,18 +109,45 @@ def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int
     `max_tokens` tokens each (a single longer sequence makes a micro-batch of its own), the turns sorted by their
     tokens first so that shared prefixes fall into the same micro-batch. Which micro-batch a turn lands in does not
     change the minibatch's gradient (the loss is a sum over the minibatch's tokens)."""
+    return grouped_micro_batches([(s,) for s in sequences], order, max_tokens)
+
+
+def grouped_micro_batches(items, order: list[int], max_tokens: int) -> list[list[int]]:
+    """`micro_batches` for items of several sequences that go through the model together (a preference pair's
+    chosen and rejected turns): `order` (indices into `items`) cut into micro-batches whose prefix trees hold at
+    most `max_tokens` tokens (a larger item alone), the items sorted by their first sequence's tokens."""
     out: list[list[int]] = []
     part: list[int] = []
     trie = _Trie()
-    for i in sorted(order, key=lambda j: list(sequences[j])):
-        if part and len(trie) + trie.new_nodes(sequences[i]) > max_tokens:
+    for i in sorted(order, key=lambda j: list(items[j][0])):
+        if part and len(trie) + _new_nodes(trie, items[i]) > max_tokens:
             out.append(part)
             part, trie = [], _Trie()
         part.append(i)
-        trie.add(sequences[i])
+        for seq in items[i]:
+            trie.add(seq)
     if part:
         out.append(part)
     return out
+
+
+def _new_nodes(trie: _Trie, seqs) -> int:
+    """The nodes `seqs` would add to `trie` together: each sequence's tokens beyond the longest prefix it shares with
+    the tree or with a sequence before it (the tree and those sequences' prefixes are all the tree then holds)."""
+    new = 0
+    for k, seq in enumerate(seqs):
+        known = max([len(seq) - trie.new_nodes(seq)] + [_common_prefix(seq, o) for o in seqs[:k]])
+        new += len(seq) - known
+    return new
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if int(x) != int(y):
+            break
+        n += 1
+    return n
 
 
 def attention_mask(model, tree: Packed) -> torch.Tensor:

@@ -37,6 +37,19 @@ def test_micro_batches_hold_at_most_the_token_budget_and_put_shared_prefixes_tog
     assert micro_batches(seqs, [1, 3], 3) == [[3, 1]]
 
 
+def test_pairs_go_into_micro_batches_whole_and_their_shared_prompt_counts_once():
+    from pipeline.model.packing import grouped_micro_batches
+
+    pairs = [([1, 2, 3, 4], [1, 2, 3, 5, 6]),      # 6 tokens as a tree: 1 2 3 {4, 5 6}
+             ([7, 8, 9], [7, 8, 1]),               # 4: 7 8 {9, 1}
+             ([1, 2, 3, 7], [1, 2, 9])]            # 5 alone; sorted after the first, beside it 2 new: 7 and 9
+    assert grouped_micro_batches(pairs, [0, 1, 2], 8) == [[0, 2], [1]]
+    assert grouped_micro_batches(pairs, [0, 1, 2], 7) == [[0], [2], [1]]
+    assert grouped_micro_batches(pairs, [2, 1], 9) == [[2, 1]]       # 5 + 4: 7 8 counted once for both turns
+    assert grouped_micro_batches(pairs, [2, 1], 8) == [[2], [1]]
+    assert grouped_micro_batches(pairs, [0, 1, 2], 100) == [[0, 2, 1]]
+
+
 def shared_turns(n=12, seed=1):
     """Turns as an iteration has them: one system prefix, task groups that start in the same state, and episodes of
     a group that repeat each other's turns."""

@@ -141,6 +141,31 @@ def test_one_step_raises_the_chosen_turn_against_the_rejected_one():
     assert stats["pairs"] == 2 and stats["accuracy"] == 0.0
 
 
+def test_pairs_in_prefix_trees_of_a_token_budget_train_as_in_padded_passes(monkeypatch):
+    import copy
+
+    from tests.conftest import counting_packs
+
+    model = tiny_llama(seed=3)
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [9, 10, 11], [5, 6, 2], [5, 6, 2]]
+    responses = [[12, 13], [14, 15, 16], [17], [18, 19], [20], [21, 22]]
+    pairs = [(0, 1, 0.0), (3, 2, 0.5), (4, 5, 0.2)]
+    ref = [-3.0, -4.0, -2.0, -2.5, -1.0, -3.5]
+    settings = StepDpoSettings(beta=1.0, sft_weight=1.0, minibatch_pairs=3)
+    runs = {}
+    for name, update in {"padded": UpdateConfig(epochs=2, micro_batch_size=2),
+                         "trees": UpdateConfig(epochs=2, packing="tree", micro_batch_tokens=13)}.items():
+        packs = counting_packs(monkeypatch)
+        trace = []
+        m = copy.deepcopy(model).train()
+        step_dpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), prompts, responses, pairs, ref, settings,
+                        update, 0, seed=0, trace=trace)
+        runs[name] = (trace, list(packs))
+    # the pairs sharing 5 6 (0 and 2: 13 tokens as one tree) go together, the third alone (6): 2 trees an epoch
+    assert runs["trees"][1] == [4, 2] * 2 and runs["padded"][1] == []
+    assert runs["trees"][0] == pytest.approx(runs["padded"][0], rel=1e-5) and len(runs["padded"][0]) == 2
+
+
 def test_step_dpo_is_refused_with_several_update_processes_or_off_policy():
     with pytest.raises(ValueError, match="step_dpo runs in one process"):
         Params(update={"objective": "step_dpo"}, runtime={"update_processes": 2})
