@@ -109,7 +109,7 @@ def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int
     `max_tokens` tokens each (a single longer sequence makes a micro-batch of its own), the turns sorted by their
     tokens first so that shared prefixes fall into the same micro-batch. Which micro-batch a turn lands in does not
     change the minibatch's gradient (the loss is a sum over the minibatch's tokens)."""
-    return grouped_micro_batches([(s,) for s in sequences], order, max_tokens)
+    return grouped_micro_batches({i: (sequences[i],) for i in order}, order, max_tokens)
 
 
 def grouped_micro_batches(items, order: list[int], max_tokens: int) -> list[list[int]]:
