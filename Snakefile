@@ -6,6 +6,7 @@ import sys
 
 from pipeline.config.params import ParamsError, check_dependencies, load_params
 from pipeline.data.paths import strip_dir
+from pipeline.workflow import forkserver
 from pipeline.workflow.dvcgen import record_run
 from pipeline.workflow.registry import (code_inputs, deps_for, enabled_stages, final_targets, job_file,
                                         params_fingerprint, processes_for, resources_for)
@@ -21,8 +22,17 @@ except (ParamsError, FileNotFoundError, ValueError) as e:
 PY = sys.executable
 
 
+onstart:
+    forkserver.start(P.runtime.fork_server)   # runtime.fork_server: torch imported once, every stage a fork
+
+
 onsuccess:
+    forkserver.stop()
     record_run(PARAMS_FILE)   # dvc.lock describes what Snakemake made (README, DVC)
+
+
+onerror:
+    forkserver.stop()
 
 wildcard_constraints:
     it=r"\d+",

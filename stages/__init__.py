@@ -1,12 +1,20 @@
 """One entry point per stage: `python -m stages.<name> --params P [--iteration I]` (the registry's commands).
 
 Started that way, this package sets the stage's thread count from `runtime.torch_threads` before the stage module
-imports torch, numpy or polars (`pipeline.workflow.threads`). Importing a stage module as a library changes nothing.
+imports torch, numpy or polars (`pipeline.workflow.threads`); with a fork server (`runtime.fork_server`) it hands
+the command to the server instead (`pipeline.workflow.forkserver`). Importing a stage module as a library changes
+nothing.
 """
 
+import os
 import sys
 
 if sys.argv and sys.argv[0] == "-m":   # `python -m stages.X`: runpy is still locating the module
+    if os.environ.get("CREDITRL_FORK_SERVER"):  # runtime.fork_server: a fork of the server runs it, if one answers
+        from pipeline.workflow.forkserver import delegate, launched_stage
+
+        if (launched := launched_stage()) is not None:
+            delegate(*launched)
     from pipeline.workflow.threads import configure
 
     configure()

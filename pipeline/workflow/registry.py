@@ -359,6 +359,7 @@ CODE_ROOT = _ROOT   # the checkout whose `pipeline` and `stages` run the stages
 # change to them changes outputs only through params, which are dependencies of their own.
 PLUMBING = frozenset({"pipeline.config.params", "pipeline.workflow.registry", "pipeline.workflow.cli",
                       "pipeline.workflow.tracking", "pipeline.workflow.threads", "pipeline.data.section",
+                      "pipeline.workflow.forkserver",     # how a stage's process starts, not what it computes
                       # the layers' packages: a docstring each, no code
                       "pipeline", "pipeline.data", "pipeline.model", "pipeline.rollout", "pipeline.credit",
                       "pipeline.config", "pipeline.workflow"})

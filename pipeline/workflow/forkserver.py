@@ -1,0 +1,318 @@
+"""A fork server for stage processes: torch, transformers and the stage modules imported once per workflow run.
+
+A stage process spends about 4 CPU-seconds importing torch and transformers before its first line of work; on the
+tiny configurations that is most of every job. With `runtime.fork_server: true` the Snakefile's `onstart` starts
+this server (`python -m pipeline.workflow.forkserver SOCKET`), which imports them once and then serves stage
+commands: `python -m stages.X ...` started with `CREDITRL_FORK_SERVER` set (`stages/__init__.py`) hands its
+arguments, working directory, environment and its standard streams to the server and waits; the server forks a
+child that runs `stages.X` as `__main__` with them. The job's command line, its log file and its exit status are
+those of a plain process.
+
+- The server is single-threaded and runs no computation: forked children of a process whose OpenMP (torch) or
+  rayon (polars) thread pools have run would hang in their first parallel region.
+- A child's environment is the job's (thread counts included: `pipeline.workflow.threads` applies them); its
+  random generators are reseeded from the OS, as a fresh process's are.
+- A child dies with its launcher: it watches the connection and kills itself when the launcher is gone (a job
+  killed by Snakemake, a test, or a user). SIGTERM, SIGINT and SIGHUP sent to the launcher are passed on.
+- The server exits when the Snakemake process that started it is gone, or on SIGTERM.
+- Snakemake's benchmark files then measure the launcher, not the child: their memory columns are the launcher's.
+  Leave the server off (the default) where those figures matter (`bench.real_size`).
+- Anything that goes wrong on the way (no server, a refused connection) makes the launcher run the stage itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = "CREDITRL_FORK_SERVER"
+_HEADER = struct.Struct("!I")
+
+
+def _send(sock: socket.socket, obj, fds: list[int] = ()) -> None:
+    data = json.dumps(obj).encode()
+    msg = _HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [msg], list(fds))
+    else:
+        sock.sendall(msg)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return buf
+
+
+def _recv(sock: socket.socket, with_fds: int = 0):
+    fds: list[int] = []
+    if with_fds:
+        head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, with_fds)
+        if len(head) < _HEADER.size:
+            head += _recv_exact(sock, _HEADER.size - len(head))
+    else:
+        head = _recv_exact(sock, _HEADER.size)
+    (n,) = _HEADER.unpack(head)
+    return json.loads(_recv_exact(sock, n)), fds
+
+
+# --- Snakemake's side: started in `onstart`, stopped in `onsuccess` and `onerror` ---------------------------------
+
+_server: dict = {}
+
+
+def start(enabled: bool, timeout: float = 120.0) -> None:
+    """Start the server for this workflow run (`runtime.fork_server`) and export its socket to the jobs; a server
+    that does not come up in `timeout` seconds is reported and the jobs run as plain processes."""
+    if not enabled or _server:
+        return
+    # a Unix socket's path holds at most 107 bytes: a short folder, whatever TMPDIR says
+    folder = Path(tempfile.mkdtemp(prefix="creditrl-fork-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    path, log = folder / "socket", folder / "server.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(path), str(os.getpid())],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not path.exists():
+        proc.kill()
+        print(f"runtime.fork_server: the fork server did not start, the stages run as plain processes:\n"
+              f"{log.read_text()[-2000:]}", file=sys.stderr)
+        return
+    _server.update(proc=proc, folder=folder)
+    os.environ[ENV] = str(path)
+
+
+def stop() -> None:
+    """Stop the server (and remove its socket's folder)."""
+    if not _server:
+        return
+    os.environ.pop(ENV, None)
+    proc, folder = _server.pop("proc"), _server.pop("folder")
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+
+
+# --- the launcher: `python -m stages.X` with CREDITRL_FORK_SERVER set -------------------------------------------
+
+def launched_stage() -> tuple[str, list[str]] | None:
+    """(module, arguments) when this process was started as `python [options] -m stages.X ...` outside torchrun
+    (whose workers keep their own processes), else None."""
+    argv = list(getattr(sys, "orig_argv", []))
+    if "-m" not in argv or "LOCAL_RANK" in os.environ:
+        return None
+    i = argv.index("-m")
+    if i + 1 >= len(argv) or not argv[i + 1].startswith("stages."):
+        return None
+    return argv[i + 1], argv[i + 2:]
+
+# --- the launcher: `python -m stages.X` with CREDITRL_FORK_SERVER set -------------------------------------------
+
+def delegate(module: str, args: list[str]) -> None:
+    """Run `module` with `args` in a child of the fork server and exit with its status; return (and let the caller
+    run the stage itself) when no server answers."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        _send(sock, {"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+        started, _ = _recv(sock)
+    except (OSError, ConnectionError, ValueError):
+        sock.close()
+        return
+    child = started["pid"]
+
+    def forward(sig, _frame):
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    try:
+        status, _ = _recv(sock)
+    except (OSError, ConnectionError, ValueError):
+        status = {"code": 1}                        # the server died under the child: a failed job
+    sock.close()
+    if status.get("signal"):                        # killed by a signal: die of the same one, as the child did
+        signal.signal(status["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), status["signal"])
+    os._exit(status["code"])
+
+
+# --- the server ----------------------------------------------------------------------------------------------------
+
+def preload() -> None:
+    """What every model stage imports, and the stage modules themselves (their top levels run no computation)."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
+    from transformers.generation import utils  # noqa: F401
+
+    import stages
+    from pipeline.workflow.registry import STAGES  # start-up cost: the launcher imports this module, and stays light
+
+    for name in sorted({s.base for s in STAGES}):
+        __import__(f"{stages.__name__}.{name}")
+
+
+def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: become the job's process and run its stage; never returns."""
+    import atexit
+    import random
+    import runpy
+    import threading
+    import traceback
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ.pop(ENV, None)                       # what the stage starts runs as plain processes
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+    def watch():                                    # the launcher gone: so is the job
+        try:
+            while conn.recv(1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+    module = request["module"]
+    sys.argv = [module, *request["args"]]
+    code = 0
+    try:
+        from pipeline.workflow.threads import configure  # start-up cost: as above (YAML)
+
+        configure()
+        sys.modules.pop(module, None)               # runs as __main__, as `python -m` runs it (runpy warns otherwise)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            code = 1
+        else:
+            code = e.code or 0
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, then status 1
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def serve(path: str, parent: int | None = None) -> None:
+    """Import, then listen on the Unix socket `path` until the process `parent` is gone or SIGTERM comes."""
+    preload()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.tmp"
+    listener.bind(tmp)
+    listener.listen(64)
+    os.rename(tmp, path)                            # the socket appears once the server is ready
+    running: dict[int, socket.socket] = {}          # child pid -> its launcher's connection
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        while not stop and (parent is None or os.getppid() == parent):
+            ready, _, _ = select.select([listener], [], [], 0.2)
+            if ready:
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _recv(conn, with_fds=3)
+                except (OSError, ConnectionError, ValueError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in running.values():
+                        other.close()
+                    _child(conn, request, fds)
+                for fd in fds:
+                    os.close(fd)
+                running[pid] = conn
+                try:
+                    _send(conn, {"pid": pid})
+                except OSError:
+                    pass
+            _reap(running)
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _reap(running: dict[int, socket.socket]) -> None:
+    """Report every finished child's status to its launcher."""
+    while running:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = running.pop(pid, None)
+        if conn is None:
+            continue
+        if os.WIFSIGNALED(status):
+            report = {"code": 128 + os.WTERMSIG(status), "signal": os.WTERMSIG(status)}
+        else:
+            report = {"code": os.WEXITSTATUS(status)}
+        try:
+            _send(conn, report)
+        except OSError:
+            pass
+        conn.close()
+
+
+def main(argv=None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (1, 2):
+        raise SystemExit("usage: python -m pipeline.workflow.forkserver SOCKET [PARENT_PID]")
+    serve(args[0], int(args[1]) if len(args) == 2 else None)
+
+
+if __name__ == "__main__":
+    main()
