@@ -121,6 +121,7 @@ def run_env_config(d: Path, config: str, every_stage: bool = False, **changes) -
     params["warmstart"] = {**tiny["warmstart"], "tasks": 4}
     params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
     params["tracking"] = {"enabled": False}
+    params["runtime"] = {**(params.get("runtime") or {}), "fork_server": True}   # as the tiny params have it
     for section, values in changes.items():
         params[section] = {**params.get(section, {}), **values}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
