@@ -17,6 +17,8 @@ those of a plain process.
 - The server exits when the Snakemake process that started it is gone, or on SIGTERM.
 - Snakemake's benchmark files then measure the launcher, not the child: their memory columns are the launcher's.
   Leave the server off (the default) where those figures matter (`bench.real_size`).
+- Once a project module the server imported changes on disk, it refuses every request and the launchers run their
+  stages themselves, with the new code (a stage's own module is read afresh by every child anyway).
 - Anything that goes wrong on the way (no server, a refused connection) makes the launcher run the stage itself.
 """
 
@@ -142,6 +144,9 @@ def delegate(module: str, args: list[str]) -> None:
     except (OSError, ConnectionError, ValueError):
         sock.close()
         return
+    if started.get("refused"):                      # the project's code changed since the server imported it
+        sock.close()
+        return
     child = started["pid"]
 
     def forward(sig, _frame):
@@ -239,9 +244,36 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def project_files() -> dict[str, int]:
+    """The modification times of the project's modules this process has imported (`pipeline`, `stages`)."""
+    out = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.split(".")[0] in ("pipeline", "stages"):
+            try:
+                out[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                out[path] = -1
+    return out
+
+
+def _changed(files: dict[str, int]) -> str | None:
+    for path, mtime in files.items():
+        try:
+            now = os.stat(path).st_mtime_ns
+        except OSError:
+            now = -1
+        if now != mtime:
+            return path
+    return None
+
+
 def serve(path: str, parent: int | None = None) -> None:
-    """Import, then listen on the Unix socket `path` until the process `parent` is gone or SIGTERM comes."""
+    """Import, then listen on the Unix socket `path` until the process `parent` is gone or SIGTERM comes. Once a
+    project module it imported has changed on disk, it refuses every request (the launchers run their stages
+    themselves, with the new code) and exits when its running children are done."""
     preload()
+    files = project_files()
     sys.stdout.flush()
     sys.stderr.flush()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -253,14 +285,24 @@ def serve(path: str, parent: int | None = None) -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
-        while not stop and (parent is None or os.getppid() == parent):
-            ready, _, _ = select.select([listener], [], [], 0.2)
+        while not stop and (parent is None or os.getppid() == parent) and (listener is not None or running):
+            ready, _, _ = select.select([listener] if listener is not None else [], [], [], 0.2)
             if ready:
                 conn, _ = listener.accept()
                 try:
                     request, fds = _recv(conn, with_fds=3)
                 except (OSError, ConnectionError, ValueError):
                     conn.close()
+                    continue
+                if (changed := _changed(files)) is not None:
+                    print(f"fork server: {changed} changed since it was imported; the stages run as plain "
+                          "processes from now on", file=sys.stderr, flush=True)
+                    for fd in fds:
+                        os.close(fd)
+                    _refuse(conn)
+                    listener.close()
+                    listener = None
+                    os.unlink(path)
                     continue
                 pid = os.fork()
                 if pid == 0:
@@ -277,11 +319,20 @@ def serve(path: str, parent: int | None = None) -> None:
                     pass
             _reap(running)
     finally:
-        listener.close()
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        if listener is not None:
+            listener.close()
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _refuse(conn: socket.socket) -> None:
+    try:
+        _send(conn, {"refused": True})
+    except OSError:
+        pass
+    conn.close()
 
 
 def _reap(running: dict[int, socket.socket]) -> None:

@@ -89,3 +89,33 @@ def test_a_launcher_without_a_server_runs_the_stage_itself(tmp_path, monkeypatch
     r = subprocess.run([sys.executable, "-m", "stages.group", "--params", "bad.yaml", "--iteration", "1"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "loop.iterations" in r.stderr
+
+
+def test_a_server_whose_code_changed_refuses_and_the_stage_runs_the_new_code(tmp_path):
+    from tests.conftest import ROOT
+
+    d = tmp_path / "project"                           # a copy of the code, which the server imports from its cwd
+    for name in ("pipeline", "stages"):
+        shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
+    sock = tmp_path / "s"
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(sock)], cwd=d,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (d / "bad.yaml").write_text("loop: {iterations: -1}\n")
+    env = {**os.environ, forkserver.ENV: str(sock)}
+
+    def group():
+        return subprocess.run([sys.executable, "-m", "stages.group", "--params", "bad.yaml", "--iteration", "1"],
+                              cwd=d, env=env, capture_output=True, text=True, timeout=120)
+
+    first = group()
+    stage = d / "pipeline" / "workflow" / "cli.py"     # imported by the server; a stage module is read afresh
+    stage.write_text(stage.read_text().replace("from __future__ import annotations\n", "from __future__ import "
+                                               "annotations\nimport sys\nprint('the new code', file=sys.stderr)\n"))
+    second = group()
+    assert first.returncode == second.returncode == 2
+    assert "the new code" not in first.stderr and "the new code" in second.stderr
+    assert server.wait(timeout=30) == 0 and not sock.exists()       # it stopped serving, and exited
+    assert "pipeline/workflow/cli.py changed since it was imported" in server.stderr.read()
