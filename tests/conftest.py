@@ -106,6 +106,12 @@ def dvc_repo(d: Path, **changes) -> Path:
     return d
 
 
+def with_fork_server(*cmd) -> list[str]:
+    """`cmd` (a DVC command) under a fork server for the stages it starts: DVC has no start hook, so the tiny
+    params' `runtime.fork_server` does nothing there by itself (docs/workflow.md)."""
+    return [sys.executable, "-m", "pipeline.workflow.forkserver", "--", *map(str, cmd)]
+
+
 def run_env_config(d: Path, config: str, every_stage: bool = False, **changes) -> dict:
     """Run `configs/<config>` in `d` at the tiny test sizes, with `changes` to its sections merged in, through every
     stage that plays or reads the environment: init (its warm start on the environment's expert), the held-out

@@ -76,9 +76,10 @@ def _recv(sock: socket.socket, with_fds: int = 0):
 _server: dict = {}
 
 
-def start(enabled: bool, timeout: float = 120.0) -> None:
-    """Start the server for this workflow run (`runtime.fork_server`) and export its socket to the jobs; a server
-    that does not come up in `timeout` seconds is reported and the jobs run as plain processes."""
+def start(enabled: bool, timeout: float = 120.0, cwd: str | Path | None = None) -> None:
+    """Start the server for this workflow run (`runtime.fork_server`), importing the code that `python -m` finds
+    in `cwd` (default: this process's), and export its socket to the jobs; a server that does not come up in
+    `timeout` seconds is reported and the jobs run as plain processes."""
     if not enabled or _server:
         return
     # a Unix socket's path holds at most 107 bytes: a short folder, whatever TMPDIR says
@@ -86,7 +87,7 @@ def start(enabled: bool, timeout: float = 120.0) -> None:
     path, log = folder / "socket", folder / "server.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(path), str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd=cwd)
     deadline = time.monotonic() + timeout
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -358,10 +359,24 @@ def _reap(running: dict[int, socket.socket]) -> None:
         conn.close()
 
 
+USAGE = """usage: python -m pipeline.workflow.forkserver -- COMMAND ...   (e.g. -- dvc repro)
+       python -m pipeline.workflow.forkserver SOCKET [PARENT_PID]
+
+The first form runs COMMAND with a fork server for the stages it starts (DVC has no start hook; Snakemake starts
+its own with runtime.fork_server) and exits with COMMAND's status. The second serves on SOCKET."""
+
+
 def main(argv=None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2):
-        raise SystemExit("usage: python -m pipeline.workflow.forkserver SOCKET [PARENT_PID]")
+    if args[:1] == ["--"] and len(args) > 1:
+        start(True)
+        try:
+            code = subprocess.run(args[1:]).returncode
+        finally:
+            stop()
+        raise SystemExit(code)
+    if len(args) not in (1, 2) or args[0].startswith("-"):
+        raise SystemExit(USAGE)
     serve(args[0], int(args[1]) if len(args) == 2 else None)
 
 

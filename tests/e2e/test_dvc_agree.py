@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import dvc_repo, planned_jobs, sh, workflow_files
+from tests.conftest import dvc_repo, planned_jobs, sh, with_fork_server, workflow_files
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,7 @@ def test_after_snakemake_dvc_is_up_to_date_and_reruns_only_the_method(repo):
     assert dvc_plan(repo) == {"advantages@1"}
     assert planned_jobs(repo) == {"advantages@1", "update@1", "evaluate@1", "report"}
     # DVC reruns them; Snakemake then has nothing left to do, though it last ran them with GRPO
-    out = sh([BIN / "dvc", "repro"], repo)
+    out = sh(with_fork_server(BIN / "dvc", "repro"), repo)
     ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
     assert ran == {"advantages@1", "update@1", "evaluate@1", "report"}
     assert planned_jobs(repo) == set()
@@ -81,13 +81,13 @@ def test_every_stage_that_loads_a_model_depends_on_the_device_in_both(repo):
 
 def test_a_rerun_that_changes_no_output_leaves_both_up_to_date(repo):
     # DVC runs the rollout with the threads Snakemake gave it, so it samples the same tokens
-    sh([BIN / "dvc", "repro", "--force", "--single-item", "rollout@1"], repo)
+    sh(with_fork_server(BIN / "dvc", "repro", "--force", "--single-item", "rollout@1"), repo)
     assert "up to date" in sh([BIN / "dvc", "status"], repo).lower()
     assert planned_jobs(repo) == set()
     # an edit that leaves the checkpoint as it was: DVC stops after the update, and so does Snakemake, though the
     # checkpoint folder (which Snakemake cannot checksum) was written again
     update = repo / "stages" / "update.py"
     update.write_text(update.read_text() + "\n# an edit\n")
-    out = sh([BIN / "dvc", "repro"], repo)
+    out = sh(with_fork_server(BIN / "dvc", "repro"), repo)
     assert {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")} == {"update@1"}
     assert planned_jobs(repo) == set()

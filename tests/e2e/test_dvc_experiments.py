@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import dvc_repo, sh
+from tests.conftest import dvc_repo, sh, with_fork_server
 
 BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
@@ -37,11 +37,11 @@ def experiments(tmp_path_factory):
     # a warm start long enough that the policy plays valid moves, some of them good: the oracle has turns to rank
     d = dvc_repo(tmp_path_factory.mktemp("dvcexp"),
                  warmstart={"episodes": 100, "steps": 240, "clean_steps": 240, "batch_size": 16})
-    sh([BIN / "dvc", "repro"], d)
+    sh(with_fork_server(BIN / "dvc", "repro"), d)
     repro = {"status": sh([BIN / "dvc", "status"], d), "mlflow": mlflow_runs(d)}
     sh([*GIT, "add", "-A"], d)
     sh([*GIT, "commit", "-qm", "baseline"], d)
-    log = sh([BIN / "dvc", "exp", "run", "-S", "credit.method=gigpo", "-n", "gigpo"], d)
+    log = sh(with_fork_server(BIN / "dvc", "exp", "run", "-S", "credit.method=gigpo", "-n", "gigpo"), d)
     table = sh([BIN / "dvc", "exp", "show", "--csv", "--no-pager"], d)
     return d, log, list(csv.DictReader(io.StringIO(table))), repro
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench.overlap import job_intervals
-from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, workflow_files
+from tests.conftest import SNAKEMAKE, dvc_repo, planned_jobs, sh, with_fork_server, workflow_files
 from tests.e2e.test_resume import kill_then_resume, tree_bytes
 
 BIN = Path(sys.executable).parent
@@ -78,7 +78,7 @@ def test_a_switch_to_lag_zero_reruns_the_same_jobs_in_both_tools(lagged):
     # iteration 1 read checkpoint 0 either way: only iteration 2's jobs (and the report) change
     again = {"rollout@2", "group@2", "advantages@2", "update@2", "evaluate@2", "report"}
     assert planned_jobs(d) == again
-    out = sh([BIN / "dvc", "repro"], d)
+    out = sh(with_fork_server(BIN / "dvc", "repro"), d)
     # DVC also reruns update 1, whose declared inputs lose the behaviour checkpoint (there the start checkpoint
     # itself): it writes the same checkpoint, so nothing after it reruns
     assert {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")} == \
