@@ -26,11 +26,13 @@ import polars as pl
 from pipeline.config.params import ParamsError, load_params, with_overrides
 from pipeline.data.tables import atomic_file
 
-DEFAULT_VARIANTS = [
-    ("one_batch", []),
-    ("padded_micro_2", ["micro_batch_size=2"]),
-    ("tree_1024", ["packing=tree", "micro_batch_tokens=1024"]),
-    ("tree_1024_checkpointing", ["packing=tree", "micro_batch_tokens=1024", "gradient_checkpointing=true"]),
+PLAIN = ["packing=none", "micro_batch_size=null", "micro_batch_tokens=null", "gradient_checkpointing=false"]
+DEFAULT_VARIANTS = [    # each sets every batching key, whatever the params file's warmstart section says
+    ("one_batch", PLAIN),
+    ("padded_micro_2", [*PLAIN[:1], "micro_batch_size=2", *PLAIN[2:]]),
+    ("tree_1024", ["packing=tree", "micro_batch_size=null", "micro_batch_tokens=1024", PLAIN[3]]),
+    ("tree_1024_checkpointing", ["packing=tree", "micro_batch_size=null", "micro_batch_tokens=1024",
+                                 "gradient_checkpointing=true"]),
 ]
 
 
