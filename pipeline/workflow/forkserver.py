@@ -172,7 +172,10 @@ def delegate(module: str, args: list[str]) -> None:
 # --- the server ----------------------------------------------------------------------------------------------------
 
 def preload() -> None:
-    """What every model stage imports, and the stage modules themselves (their top levels run no computation)."""
+    """What every model stage imports, and the stage modules themselves (their top levels run no computation).
+    CUDA must stay uninitialised here (a forked child cannot use a CUDA its parent initialised): torch checks for a
+    GPU through NVML instead, and `serve` refuses to serve if CUDA was initialised all the same."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch  # noqa: F401
     import transformers  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
@@ -274,6 +277,9 @@ def serve(path: str, parent: int | None = None) -> None:
     project module it imported has changed on disk, it refuses every request (the launchers run their stages
     themselves, with the new code) and exits when its running children are done."""
     preload()
+    if sys.modules["torch"].cuda.is_initialized():
+        raise SystemExit("fork server: CUDA was initialised while importing; a forked stage could not use it, so "
+                         "the stages run as plain processes")
     files = project_files()
     sys.stdout.flush()
     sys.stderr.flush()
