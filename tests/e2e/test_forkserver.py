@@ -98,8 +98,17 @@ def test_a_server_whose_code_changed_refuses_and_the_stage_runs_the_new_code(tmp
     for name in ("pipeline", "stages"):
         shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
     sock = tmp_path / "s"
-    server = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(sock)], cwd=d,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(sock), str(os.getpid())],
+                              cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _code_change(d, sock, server)
+    finally:                                            # never left serving, whatever failed
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def _code_change(d, sock, server):
     deadline = time.monotonic() + 120
     while not sock.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
