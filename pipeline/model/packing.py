@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pipeline.model.policy import _accepts_logits_to_keep, _lm_class, pad_batch, token_logprobs
 from pipeline.model.precision import autocast
 
-__all__ = ["Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens",
+__all__ = ["Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens", "passes",
            "response_logprobs"]
 
 
@@ -110,6 +110,16 @@ def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int
     tokens first so that shared prefixes fall into the same micro-batch. Which micro-batch a turn lands in does not
     change the minibatch's gradient (the loss is a sum over the minibatch's tokens)."""
     return grouped_micro_batches({i: (sequences[i],) for i in order}, order, max_tokens)
+
+
+def passes(prompts, responses, order: list[int], size: int, packing: str, max_tokens: int | None) -> list[list[int]]:
+    """The turns `order` (indices into `prompts` and `responses`, repeats allowed) in forward passes: `size` at a
+    time in that order, or with `packing` tree and `max_tokens`, prefix trees of at most that many tokens (the turns
+    sorted so that shared prefixes fall together, `micro_batches`)."""
+    if packing == "tree" and max_tokens:
+        seqs = {i: list(prompts[i]) + list(responses[i]) for i in order}
+        return micro_batches(seqs, order, max_tokens)
+    return [order[b: b + size] for b in range(0, len(order), size)]
 
 
 def grouped_micro_batches(items, order: list[int], max_tokens: int) -> list[list[int]]:

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.model.distributed import Processes, all_reduce_grads, all_reduce_sums, gather_shares, share
-from pipeline.model.packing import micro_batches, response_logprobs
+from pipeline.model.packing import passes, response_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
@@ -58,16 +58,6 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
 
 
-def _passes(prompts, responses, order: list[int], size: int, packing: str, max_tokens: int | None) -> list[list[int]]:
-    """The turns `order` (indices into `prompts` and `responses`) in forward passes: `size` at a time in that order,
-    or with `packing` tree and `max_tokens`, prefix trees of at most that many tokens (the turns sorted so that
-    shared prefixes fall together, `pipeline.model.packing.micro_batches`)."""
-    if packing == "tree" and max_tokens:
-        seqs = {i: list(prompts[i]) + list(responses[i]) for i in order}
-        return micro_batches(seqs, order, max_tokens)
-    return [order[b: b + size] for b in range(0, len(order), size)]
-
-
 @torch.no_grad()
 def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                       batch_size: int, temperature: float = 1.0,
@@ -80,7 +70,7 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     out: list[torch.Tensor | None] = [None] * len(prompts)
     ticker = Ticker()
     done = 0
-    for part in _passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens):
+    for part in passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens):
         if progress is not None and done and ticker.due(done):
             progress(f"log-probs of {done}/{len(prompts)} turns, {ticker.rate(done):.2f} turns/s")
         logp, _, resp = response_logprobs(model, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
@@ -193,7 +183,7 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
 def _micro(turns: _Turns, mine: list[int], cfg) -> list[list[int]]:
     """A process's share of a minibatch in micro-batches: `micro_batch_size` turns each in the minibatch's order,
     or (`packing` tree with `micro_batch_tokens`) prefix trees of at most that many tokens."""
-    return _passes(turns.prompts, turns.responses, mine, cfg.micro_batch_size or cfg.minibatch_size, cfg.packing,
+    return passes(turns.prompts, turns.responses, mine, cfg.micro_batch_size or cfg.minibatch_size, cfg.packing,
                   cfg.micro_batch_tokens)
 
 

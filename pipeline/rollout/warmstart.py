@@ -24,7 +24,7 @@ import torch
 from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_of
 from pipeline.envs.base import has, make_env, require
-from pipeline.model.packing import micro_batches, response_logprobs
+from pipeline.model.packing import passes, response_logprobs
 from pipeline.model.policy import encode_prompt, encode_response
 from pipeline.model.precision import Stepper
 from pipeline.progress import Ticker
@@ -101,8 +101,9 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     gen = torch.Generator().manual_seed(seed)
     prompts = {p: encode_prompt(tokenizer, p) for p, _, _ in demos}
     responses = {r: encode_response(tokenizer, r) for _, r, o in demos for r in (r, o) if r is not None}
-    mixed = [(prompts[p], responses[r]) for p, r, _ in demos]
-    clean = [(prompts[p], responses[o]) for p, _, o in demos if o is not None] or mixed
+    mixed = ([prompts[p] for p, _, _ in demos], [responses[r] for _, r, _ in demos])
+    labelled = [(prompts[p], responses[o]) for p, _, o in demos if o is not None]
+    clean = (tuple(zip(*labelled, strict=True)) if labelled else mixed)
     opt = torch.optim.AdamW([x for x in model.parameters() if x.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     stepper = Stepper(model, opt, grad_clip=1.0)
@@ -110,13 +111,13 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     losses = []
     ticker = Ticker(steps, every=50)
     for step in range(steps):
-        encoded = clean if step < clean_steps else mixed
-        idx = torch.randint(len(encoded), (batch_size,), generator=gen).tolist()
-        tokens = sum(len(encoded[i][1]) for i in idx)
+        ps, rs = clean if step < clean_steps else mixed
+        idx = torch.randint(len(ps), (batch_size,), generator=gen).tolist()
+        tokens = sum(len(rs[i]) for i in idx)
         opt.zero_grad(set_to_none=True)
         loss = 0.0
-        for part in _parts(encoded, idx, packing, micro_batch_size, micro_batch_tokens):
-            logp, _, resp = response_logprobs(model, [encoded[i][0] for i in part], [encoded[i][1] for i in part],
+        for part in passes(ps, rs, idx, micro_batch_size or batch_size, packing, micro_batch_tokens):
+            logp, _, resp = response_logprobs(model, [ps[i] for i in part], [rs[i] for i in part],
                                               tokenizer.pad_token_id, packing)
             resp = resp.to(logp.device)
             part_loss = -(logp * resp).sum() / tokens
@@ -132,14 +133,3 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
                      f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")
     model.eval()
     return losses
-
-
-def _parts(encoded, idx: list[int], packing: str, size: int | None, max_tokens: int | None) -> list[list[int]]:
-    """One step's batch `idx` (indices into `encoded`, repeats allowed) cut into the micro-batches that go through
-    the model one at a time: prefix trees of at most `max_tokens` tokens (packing tree), else `size` turns each,
-    else the whole batch."""
-    if packing == "tree" and max_tokens is not None:
-        seqs = [encoded[i][0] + encoded[i][1] for i in idx]
-        return [[idx[j] for j in part] for part in micro_batches(seqs, list(range(len(idx))), max_tokens)]
-    size = size or len(idx)
-    return [idx[k:k + size] for k in range(0, len(idx), size)]
