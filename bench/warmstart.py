@@ -41,8 +41,7 @@ def measure(params_path: Path, sets: list[str], steps: int) -> dict:
     import torch
 
     from pipeline.data.seeds import stage_seed
-    from pipeline.model.gguf_import import is_gguf, load_gguf
-    from pipeline.model.policy import load_policy
+    from pipeline.model.gguf_import import load_pretrained
     from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
 
     p = load_params(params_path)
@@ -51,16 +50,14 @@ def measure(params_path: Path, sets: list[str], steps: int) -> dict:
     if p.policy.path is None:
         raise SystemExit(f"{params_path}: policy.path is null; this benchmark loads a model from a path")
     torch.set_num_threads(p.runtime.torch_threads or torch.get_num_threads())
-    model, tok = (load_gguf(p.policy.path) if is_gguf(p.policy.path)
-                  else load_policy(p.policy.path, p.policy.dtype, train=True))
+    model, tok = load_pretrained(p.policy.path, p.policy.dtype, p.runtime.device)
     seed = stage_seed("init", p.seed)
     demos = demonstrations(p, w.episodes, w.random_action_share, seed, tasks=w.tasks)
-    if w.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     start = time.perf_counter()
     losses = supervised_warmstart(model, tok, demos, steps, w.batch_size, w.lr_for(p.policy), seed,
                                   clean_steps=w.clean_steps, packing=w.packing, micro_batch_size=w.micro_batch_size,
-                                  micro_batch_tokens=w.micro_batch_tokens)
+                                  micro_batch_tokens=w.micro_batch_tokens,
+                                  gradient_checkpointing=w.gradient_checkpointing)
     seconds = (time.perf_counter() - start) / steps
     return {"s_per_step": seconds, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "losses": losses, "batch_size": w.batch_size, "demonstration_turns": len(demos)}

@@ -14,8 +14,8 @@ from pipeline.data import paths
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import atomic_dir
 from pipeline.envs.base import spec_of
-from pipeline.model.gguf_import import is_gguf, load_gguf
-from pipeline.model.policy import build_tiny_model, load_policy, resolve_device, train_tokenizer, with_lora
+from pipeline.model.gguf_import import is_gguf, load_pretrained
+from pipeline.model.policy import build_tiny_model, resolve_device, train_tokenizer, with_lora
 from pipeline.model.precision import mark
 from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
 from pipeline.workflow.cli import parse_args, stage_job
@@ -28,12 +28,10 @@ def main(argv=None) -> None:
     with stage_job(ctx), Tracker(p, "init", None) as tracker:
         if p.policy.path is None:
             model, tokenizer = build_tiny(ctx)
-        elif is_gguf(p.policy.path):
-            model, tokenizer = load_gguf(p.policy.path, progress=ctx.log)
-            model = mark(model, p.policy.dtype).to(resolve_device(p.runtime.device))
         else:
-            ctx.log(f"loading local model folder {p.policy.path}")
-            model, tokenizer = load_policy(p.policy.path, p.policy.dtype, p.runtime.device, train=True)
+            if not is_gguf(p.policy.path):
+                ctx.log(f"loading local model folder {p.policy.path}")
+            model, tokenizer = load_pretrained(p.policy.path, p.policy.dtype, p.runtime.device, progress=ctx.log)
         if p.policy.path is not None:
             ctx.log(f"{type(model).__name__}: {sum(x.numel() for x in model.parameters()):,} parameters, "
                     f"vocabulary {len(tokenizer)}, chat template: {'yes' if tokenizer.chat_template else 'no'}")
@@ -75,13 +73,10 @@ def warm_start(ctx, model, tokenizer, tracker):
     ctx.log(f"{len(pairs)} demonstration turns from {w.episodes} expert-guided episodes")
     if w.lora is not None:
         model = with_lora(model, w.lora, seed=seed)
-    if w.gradient_checkpointing:   # non-reentrant: works with frozen inputs (LoRA) as with full training
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     losses = supervised_warmstart(model, tokenizer, pairs, steps, w.batch_size, w.lr_for(p.policy), seed,
                                   clean_steps=w.clean_steps, progress=ctx.log, packing=w.packing,
-                                  micro_batch_size=w.micro_batch_size, micro_batch_tokens=w.micro_batch_tokens)
-    if w.gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+                                  micro_batch_size=w.micro_batch_size, micro_batch_tokens=w.micro_batch_tokens,
+                                  gradient_checkpointing=w.gradient_checkpointing)
     if w.lora is not None:
         model = model.merge_and_unload()
     metrics["demonstration_turns"] = float(len(pairs))

@@ -187,3 +187,18 @@ def load_gguf(path: str | Path, progress=None):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.eval()
     return model, tokenizer
+
+
+def load_pretrained(path: str | Path, dtype: str = "float32", device=None, progress=None):
+    """(model, tokenizer) of a `policy.path` to train from: a GGUF file dequantized (`load_gguf`) or a local model
+    folder (`pipeline.model.policy.load_policy`), fp32 weights whose forward passes run in `dtype`, on `device`."""
+    from pipeline.model.policy import load_policy, resolve_device  # start-up cost: torch (params imports is_gguf)
+    from pipeline.model.precision import mark  # start-up cost: torch, as above
+
+    if not is_gguf(path):
+        return load_policy(path, dtype, device, train=True)
+    model, tokenizer = load_gguf(path, progress=progress)
+    model = mark(model, dtype)
+    if device is not None:
+        model.to(resolve_device(device))
+    return model, tokenizer

@@ -172,9 +172,17 @@ def load_trainable(path: str | Path, policy, device, seed: int, gradient_checkpo
     model, tokenizer = load_policy(path, policy.dtype, device, train=True)
     if policy.lora is not None:
         model = with_lora(model, policy.lora, seed=seed)
-    if gradient_checkpointing:   # non-reentrant: works with frozen inputs (LoRA) as with full training
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     return model, tokenizer
+
+
+def checkpoint_activations(model, on: bool = True) -> None:
+    """Gradient checkpointing on (non-reentrant: it works with frozen inputs, LoRA, as with full training) or off."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def save_weights(model, folder: Path, base: Path | None = None) -> None:

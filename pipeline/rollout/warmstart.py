@@ -25,7 +25,7 @@ from pipeline.data.seeds import task_seed
 from pipeline.envs.actions import format_of
 from pipeline.envs.base import has, make_env, require
 from pipeline.model.packing import passes, response_logprobs
-from pipeline.model.policy import encode_prompt, encode_response
+from pipeline.model.policy import checkpoint_activations, encode_prompt, encode_response
 from pipeline.model.precision import Stepper
 from pipeline.progress import Ticker
 from pipeline.rollout.demonstrations import environment
@@ -88,14 +88,16 @@ def tokenizer_corpus(params, seed: int) -> list[str]:
 def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
                          lr: float, seed: int, clean_steps: int = 0,
                          progress: Callable[[str], None] | None = None, packing: str = "none",
-                         micro_batch_size: int | None = None, micro_batch_tokens: int | None = None) -> list[float]:
+                         micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
+                         gradient_checkpointing: bool = False) -> list[float]:
     """Cross-entropy on the response tokens (EOS included; the prompt goes through the model's chat template, as
     in rollouts): the first `clean_steps` steps on the optimal labels, the rest on the executed (mixed) ones. Only
     the parameters that require gradients train (LoRA adapters, when the model carries them). Progress lines every
     50 steps or 30 s. `packing` tree: each batch as one prefix tree (`pipeline.model.packing`). A step's batch goes
     through the model in micro-batches of `micro_batch_size` turns (or, packed as trees, of at most
     `micro_batch_tokens` tokens), with the gradients accumulated: the loss stays the token mean over the whole
-    batch (less memory, the same step). Returns the loss of every step."""
+    batch (less memory, the same step); `gradient_checkpointing` for the steps only. Returns the loss of every
+    step."""
     if steps == 0 or not demos:
         return []
     gen = torch.Generator().manual_seed(seed)
@@ -108,6 +110,8 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     stepper = Stepper(model, opt, grad_clip=1.0)
     model.train()
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     losses = []
     ticker = Ticker(steps, every=50)
     for step in range(steps):
@@ -131,5 +135,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
             recent = losses[-min(50, len(losses)):]
             progress(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}, "
                      f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")
+    if gradient_checkpointing:
+        checkpoint_activations(model, False)
     model.eval()
     return losses
