@@ -129,7 +129,6 @@ def launched_stage() -> tuple[str, list[str]] | None:
         return None
     return argv[i + 1], argv[i + 2:]
 
-# --- the launcher: `python -m stages.X` with CREDITRL_FORK_SERVER set -------------------------------------------
 
 def delegate(module: str, args: list[str]) -> None:
     """Run `module` with `args` in a child of the fork server and exit with its status; return (and let the caller
@@ -248,28 +247,22 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
 def project_files() -> dict[str, int]:
     """The modification times of the project's modules this process has imported (`pipeline`, `stages`)."""
-    out = {}
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if path and name.split(".")[0] in ("pipeline", "stages"):
-            try:
-                out[path] = os.stat(path).st_mtime_ns
-            except OSError:
-                out[path] = -1
-    return out
+    return {path: _mtime(path) for name, module in list(sys.modules.items())
+            if (path := getattr(module, "__file__", None)) and name.split(".")[0] in ("pipeline", "stages")}
 
 
 def _changed(files: dict[str, int]) -> str | None:
-    for path, mtime in files.items():
-        try:
-            now = os.stat(path).st_mtime_ns
-        except OSError:
-            now = -1
-        if now != mtime:
-            return path
-    return None
+    """The first of `files` whose modification time is no longer the recorded one."""
+    return next((path for path, mtime in files.items() if _mtime(path) != mtime), None)
 
 
 def serve(path: str, parent: int | None = None) -> None:
