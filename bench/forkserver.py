@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,20 +23,17 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from bench.learning import _workflow
 from pipeline.config.params import ParamsError, load_params
 from pipeline.data.tables import atomic_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-WORKFLOW = ("Snakefile", "profiles")
 SKIP = ("metrics", "logs", "benchmarks")
 
 
 def one_run(params: dict, folder: Path, server: bool, cores: int) -> dict:
-    folder.mkdir(parents=True)
-    for name in WORKFLOW:
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, folder / name)
+    _workflow(folder)
     params = {**params, "runtime": {**(params.get("runtime") or {}), "fork_server": server},
               "tracking": {"enabled": False}}
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
