@@ -25,3 +25,8 @@ class Ticker:
     def rate(self, done: int) -> float:
         """Items per second up to the last line."""
         return done / (self.last - self.started)
+
+    def pace(self, done: int, unit: str = "step") -> str:
+        """The rate for a progress line: "2.31 steps/s", or "33.2 s/step" when an item takes over a second."""
+        rate = self.rate(done)
+        return f"{rate:.2f} {unit}s/s" if rate >= 1 else f"{1 / rate:.1f} s/{unit}"

@@ -97,7 +97,7 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
                 trace.append(step_loss)
             step = len(losses)
             if progress is not None and ticker.due(step):
-                progress(f"step-DPO step {step}/{steps_total}: loss {step_loss:.4f}, {ticker.rate(step):.2f} steps/s")
+                progress(f"step-DPO step {step}/{steps_total}: loss {step_loss:.4f}, {ticker.pace(step)}")
     model.eval()
     out = {k: totals[k] / max(seen, 1) for k in STATS if k != "loss"}
     out |= {"loss": sum(losses) / max(len(losses), 1), "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),

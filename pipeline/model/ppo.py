@@ -72,7 +72,7 @@ def sequence_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     done = 0
     for part in passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens):
         if progress is not None and done and ticker.due(done):
-            progress(f"log-probs of {done}/{len(prompts)} turns, {ticker.rate(done):.2f} turns/s")
+            progress(f"log-probs of {done}/{len(prompts)} turns, {ticker.pace(done, 'turn')}")
         logp, _, resp = response_logprobs(model, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
                                           packing, temperature=temperature)
         logp = logp.cpu()
@@ -138,7 +138,7 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
                     stats[k].append(v)
             if progress is not None and ticker.due(step):
                 progress(f"update step {step}/{steps_total}: loss {sums['loss']:.4f}, "
-                         f"clipfrac {sums['clipfrac']:.3f}, {ticker.rate(step):.2f} steps/s")
+                         f"clipfrac {sums['clipfrac']:.3f}, {ticker.pace(step)}")
     model.eval()
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)

@@ -134,7 +134,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
             rate = ticker.rate(step + 1)
             recent = losses[-min(50, len(losses)):]
             progress(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}, "
-                     f"{rate:.2f} steps/s, {(steps - step - 1) / rate:.0f} s left")
+                     f"{ticker.pace(step + 1)}, {(steps - step - 1) / rate:.0f} s left")
     if gradient_checkpointing:
         checkpoint_activations(model, False)
     model.eval()

@@ -127,8 +127,19 @@ def test_log_prob_passes_report_progress_with_a_rate(monkeypatch):
     lines = []
     loud = ppo.sequence_logprobs(model, prompts, responses, 0, 5, progress=lines.append)
     assert [x.split(",")[0] for x in lines] == [f"log-probs of {n}/16 turns" for n in (5, 10, 15)]
-    assert all(x.endswith("turns/s") for x in lines)
+    assert all(x.endswith(" turns/s") or x.endswith(" s/turn") for x in lines)
     assert all(torch.equal(a, b) for a, b in zip(quiet, loud, strict=True))
+
+
+def test_a_progress_line_gives_seconds_per_item_when_an_item_takes_over_a_second():
+    from pipeline.progress import Ticker
+
+    t = Ticker(60)
+    t.started, t.last = 100.0, 166.0                # 2 steps in 66 s: "0.03 steps/s" said nothing
+    assert t.pace(2) == "33.0 s/step"
+    t.last = 101.0                                  # 5 turns in 1 s
+    assert t.pace(5, "turn") == "5.00 turns/s"
+    assert t.pace(1) == "1.00 steps/s"
 
 
 def test_the_kl_reference_at_iteration_1_is_log_pi_old_without_a_second_pass(tmp_path, monkeypatch):

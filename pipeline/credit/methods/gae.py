@@ -146,7 +146,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
             losses.append(float(loss.detach()))
             step += 1
             if progress is not None and ticker.due(step):
-                progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, {ticker.rate(step):.2f} steps/s")
+                progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, {ticker.pace(step)}")
     critic.eval()
     return {"critic_steps": float(step)}
 

@@ -22,7 +22,6 @@ and `pipeline.model` are imported inside the functions that train or score (star
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,6 +34,7 @@ from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, l
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import LoraSettings, Mode, Packing, Section
 from pipeline.data.seeds import stage_seed
+from pipeline.progress import Ticker
 
 
 class OprlConfig(Section):
@@ -138,7 +138,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     stepper = Stepper(prm, optimizer, cfg.grad_clip)
     losses = []
     n_pairs = 0
-    started = time.perf_counter()
+    ticker = Ticker(cfg.steps, every=1)
     for s in range(cfg.steps + 1):
         sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
@@ -163,9 +163,8 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
             stepper.backward((seq * w).sum())
         stepper.step(f"OPRL PRM step {s}")
         prm.eval()
-        if progress is not None:
-            progress(f"PRM step {s + 1}/{cfg.steps}: loss {losses[-1]:.4f} over {n_pairs} pairs, "
-                     f"{(s + 1) / (time.perf_counter() - started):.2f} steps/s")
+        if progress is not None and ticker.due(s + 1):
+            progress(f"PRM step {s + 1}/{cfg.steps}: loss {losses[-1]:.4f} over {n_pairs} pairs, {ticker.pace(s + 1)}")
     return {"prm_loss_before": losses[0], "prm_loss_after": losses[-1], "pairs": float(n_pairs)}
 
 

@@ -129,7 +129,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             step += 1
             if progress is not None and ticker.due(step):
                 progress(f"estimator step {step}/{steps_total}: loss {batch_losses[-1]:.4f}, "
-                         f"{ticker.rate(step):.2f} steps/s")
+                         f"{ticker.pace(step)}")
         epoch_losses.append(float(np.average(batch_losses, weights=weights)) if batch_losses else float("nan"))
     est.eval()
     return {f"estimator_loss_epoch_{i}": v for i, v in enumerate(epoch_losses) if math.isfinite(v)}
