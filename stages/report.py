@@ -18,13 +18,13 @@ from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import EVAL_EPISODES, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
 from pipeline.workflow.cli import parse_args, stage_job
-from pipeline.workflow.registry import iterations
+from pipeline.workflow.registry import made_at
 from pipeline.workflow.tracking import Tracker
 
 
 def load_curve(p) -> pl.DataFrame:
     rows = []
-    for it in iterations(p):
+    for it in made_at(paths.EVAL_METRICS, p):
         path = paths.fill(paths.at(p, paths.EVAL_METRICS), it)
         try:
             rows.append(json.loads(open(path).read()))
@@ -55,8 +55,9 @@ def plot_curve(curve: pl.DataFrame, path, title: str) -> None:
 
 
 def load_episodes(p) -> pl.DataFrame:
-    """Every iteration's held-out episode table, in one (a missing or malformed one: `read_table`'s error)."""
-    return pl.concat([read_table(paths.fill(paths.at(p, paths.EVAL), it), EVAL_EPISODES) for it in iterations(p)])
+    """Every evaluated iteration's held-out episode table, in one (a missing or malformed one: `read_table`'s error)."""
+    return pl.concat([read_table(paths.fill(paths.at(p, paths.EVAL), it), EVAL_EPISODES)
+                      for it in made_at(paths.EVAL, p)])
 
 
 def run_metrics(p, curve: pl.DataFrame, results) -> dict[str, float | None]:

@@ -287,6 +287,9 @@ class EvaluateConfig(Section):
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
     shards: int = Field(1, ge=1, le=256, description="Snakemake jobs per evaluation, each playing a slice of whole "
                         "batches of rollout.batch_size episodes; a merge job writes the episode table")
+    every: int = Field(1, ge=1, le=1000, description="evaluate the checkpoints of iteration 0, of every k-th "
+                       "iteration after it and of the last (verl's test_freq): the curve has those points, and the "
+                       "iterations between cost no held-out episodes")
 
 
 class TrackingConfig(Section):

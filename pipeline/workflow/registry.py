@@ -121,7 +121,7 @@ class Stage:
     deps: tuple[Entry, ...]    # templates over {it} / {prev}
     outs: tuple[Entry, ...]
     params: tuple[Entry, ...]  # params.yaml sections or dotted keys whose change reruns it
-    deps_all: tuple[str, ...] = ()  # templates expanded over every iteration 0..N
+    deps_all: tuple[str, ...] = ()  # outputs of another stage, at every iteration that stage writes them
     deps_trained: tuple[Entry, ...] = ()  # templates expanded over the RL iterations 1..N
     metrics: tuple[str, ...] = ()   # outputs DVC shows as metrics (`dvc exp show`), not cached
     plots: tuple[str, ...] = ()     # outputs DVC draws as plots (`dvc plots show`), not cached
@@ -138,6 +138,8 @@ class Stage:
     shards: Callable[[Params], int] | None = None  # splits into that many shard jobs and a merge job (`expand`)
     role: str = "whole"        # whole | shard (one slice of a sharded stage) | merge (the shards' tables into one)
     module: str | None = None  # stages.<module> runs it; None: the stage's name
+    # runs at iteration `first`, every k-th iteration after it and the last (None: every iteration)
+    every: Callable[[Params], int] | None = None
 
     @property
     def per_iteration(self) -> bool:
@@ -235,7 +237,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("evaluate", 0, deps=(CHECKPOINT,), outs=(EVAL, EVAL_METRICS),
           params=("seed", "env", "prompt", "policy.max_new_tokens", "rollout.engine", "rollout.vllm",
                   "rollout.batch_size", "evaluate", "policy.dtype", "runtime.device"),
-          loads_model=True, shards=lambda p: p.evaluate.shards),
+          loads_model=True, shards=lambda p: p.evaluate.shards, every=lambda p: p.evaluate.every),
     # the run's own credit quality against the environment's oracle, where `report.credit_oracle` asks for it
     Stage("report", None, deps=(), outs=(REPORT[1], *REPORT_DIFFICULTY),
           params=("report", When("env", credit_oracle)), deps_all=(EVAL_METRICS, EVAL), metrics=(REPORT_METRICS,),
@@ -277,7 +279,22 @@ def iterations(params: Params) -> list[int]:
 
 
 def stage_iterations(stage: Stage, params: Params) -> list[int]:
-    return [i for i in iterations(params) if i >= stage.first] if stage.per_iteration else []
+    """The iterations the stage has a job for: from its first on, or every k-th from it and the last
+    (`Stage.every`, the evaluation's `evaluate.every`)."""
+    if not stage.per_iteration:
+        return []
+    its = [i for i in iterations(params) if i >= stage.first]
+    k = stage.every(params) if stage.every is not None else 1
+    return [i for i in its if (i - stage.first) % k == 0 or i == its[-1]]
+
+
+def made_at(template: str, params: Params) -> list[int]:
+    """The iterations at which a stage writes `template`, one of its outputs (`EVAL_METRICS`: the evaluated
+    iterations, `evaluate.every`)."""
+    for stage in STAGES:
+        if template in stage.outs:
+            return stage_iterations(stage, params)
+    raise KeyError(f"no stage writes {template}")
 
 
 def param_value(params: Params, key: str):
@@ -300,7 +317,7 @@ def deps_for(stage: Stage, params: Params, it: int | None) -> list[str]:
     lag = params.loop.off_policy_lag
     out = [strip_dir(fill(d, it, lag=lag)) for d in deps] if it is not None else [strip_dir(d) for d in deps]
     for t in stage.deps_all:
-        out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params))
+        out.extend(strip_dir(fill(at(params, t), i)) for i in made_at(t, params))
     for t in resolve(stage.deps_trained, params):
         out.extend(strip_dir(fill(at(params, t), i)) for i in iterations(params) if i >= 1)
     return list(dict.fromkeys(out))
@@ -447,4 +464,4 @@ def code_inputs(stage: Stage) -> list[str]:
 
 def final_targets(params: Params) -> list[str]:
     return ([at(params, r) for r in (*REPORT, *REPORT_DIFFICULTY, REPORT_METRICS)]
-            + [fill(at(params, EVAL_METRICS), i) for i in iterations(params)])
+            + [fill(at(params, EVAL_METRICS), i) for i in made_at(EVAL_METRICS, params)])

@@ -95,3 +95,33 @@ def test_mlflow_has_one_parent_and_a_child_per_stage_and_iteration(run_dir):
 def test_rerun_has_nothing_to_do(run_dir):
     r = subprocess.run([SNAKEMAKE, "--cores", "1", "-n"], cwd=run_dir, capture_output=True, text=True)
     assert r.returncode == 0 and "Nothing to be done" in (r.stdout + r.stderr)
+
+
+def test_evaluate_every_2_plans_and_reports_iterations_0_and_2_only(run_dir, tmp_path):
+    """`evaluate.every: 2` over 2 iterations: the evaluation's fingerprint changes, so Snakemake plans it again at
+    iterations 0 and 2 and never at 1; kept as it is (mtime and input triggers only), the report is the one job and
+    its curve has the two points."""
+    import shutil
+
+    import yaml
+
+    from tests.conftest import planned_jobs
+
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d, symlinks=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    params = yaml.safe_load((d / "params.yaml").read_text())
+    params["evaluate"]["every"] = 2
+    params["tracking"] = {"enabled": False}
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    for f in d.glob("results/iter_1/eval*"):
+        f.unlink()
+    shutil.rmtree(d / "results/report")
+    assert planned_jobs(d) == {"evaluate@0", "evaluate@2", "report"}
+    r = subprocess.run([SNAKEMAKE, "--cores", "1", "--quiet", "--rerun-triggers", "mtime", "input"], cwd=d,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (d / "results/iter_1/eval.parquet").exists()
+    curve = pl.read_csv(d / "results/report/success_curve.csv")
+    assert curve["iteration"].to_list() == [0, 2]
+    evals = [json.loads((d / f"results/iter_{i}/eval_metrics.json").read_text())["success_rate"] for i in (0, 2)]
+    assert curve["success_rate"].to_list() == pytest.approx(evals)

@@ -35,6 +35,26 @@ def test_generated_stages_cover_registry_and_iterations():
     assert len(yaml.safe_load(render(off))["stages"]["report"]["deps"]) == len(code) + 2 * (p.loop.iterations + 1)
 
 
+def test_evaluate_every_k_evaluates_iteration_0_every_kth_and_the_last(tmp_path):
+    """`evaluate.every: 2` over 5 iterations: evaluations at 0, 2, 4 and 5, and the report and Snakemake's final
+    targets read those only."""
+    from pipeline.workflow.registry import deps_for, final_targets
+
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({"loop": {"iterations": 5}, "evaluate": {"every": 2}}))
+    p = load_params(f)
+    doc = yaml.safe_load(render(p, str(f)))["stages"]
+    assert list(doc["evaluate"]["foreach"]) == [0, 2, 4, 5]
+    assert list(doc["rollout"]["foreach"]) == [1, 2, 3, 4, 5]
+    report = deps_for(STAGE_BY_NAME["report"], p, None)
+    assert [d for d in report if d.endswith("eval_metrics.json")] == [
+        f"results/iter_{i}/eval_metrics.json" for i in (0, 2, 4, 5)]
+    assert [d for d in report if d.endswith("eval.parquet")] == [f"results/iter_{i}/eval.parquet" for i in (0, 2, 4, 5)]
+    assert [t for t in final_targets(p) if "eval" in t] == [f"results/iter_{i}/eval_metrics.json" for i in (0, 2, 4, 5)]
+    f.write_text(yaml.safe_dump({"loop": {"iterations": 6}, "evaluate": {"every": 3}}))
+    assert list(yaml.safe_load(render(load_params(f), str(f)))["stages"]["evaluate"]["foreach"]) == [0, 3, 6]
+
+
 def test_code_dependencies_are_what_each_stage_imports():
     """Code deps come from the stage modules' imports (function-level ones too), less the plumbing; a registry
     package counts as all its modules. The credit methods are the advantages' and not the rollout's."""
