@@ -5,9 +5,11 @@ that share their anchor state with another turn of their task group (the turns G
 
     python -m bench.task_stats --params configs/smollm2-search.yaml     # the run of that params file
     python -m bench.task_stats --params P --run RUN_DIR --out DIR
+    python -m bench.task_stats --params configs/smollm2-sql.yaml --by hardness     # pooled over the databases
 
 For an environment with task labels (`task_labels`) and tools (`EnvSpec.tool_call`). Writes `task_stats.csv`
-(one row per iteration), `task_success_by_label.csv` (held-out success per iteration and label) and
+(one row per iteration), `task_success_by_label.csv` (held-out success per iteration and label, or per the labels
+named by `--by`, pooled over the others) and
 `task_stats.png` (held-out success with a band of one standard error, success by label, and tool calls per
 training episode) into `--out` (default: the run's folder) and prints the tables.
 """
@@ -33,9 +35,10 @@ def task_labels(env, task_ids) -> pl.DataFrame:
     return pl.DataFrame(rows).with_columns(pl.col("task_id").cast(pl.Int64))
 
 
-def iteration_stats(run: Path, env, tool_call) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per iteration of `run` (a run's results folder), and held-out success per iteration and label; `tool_call`
-    says which executed actions call a tool (`EnvSpec.tool_call`)."""
+def iteration_stats(run: Path, env, tool_call, by: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per iteration of `run` (a run's results folder), and held-out success per iteration and label (the labels
+    `by`, pooled over the others; None: all of them); `tool_call` says which executed actions call a tool
+    (`EnvSpec.tool_call`)."""
     rows, by_label = [], []
     for it in iterations_with(run):
         d = run / f"iter_{it}"
@@ -44,6 +47,12 @@ def iteration_stats(run: Path, env, tool_call) -> tuple[pl.DataFrame, pl.DataFra
             ev = pl.read_parquet(d / "eval.parquet")
             labels = task_labels(env, ev["task_id"].to_list())
             keys = [c for c in labels.columns if c != "task_id"]
+            if by:
+                unknown = [k for k in by if k not in keys]
+                if unknown:
+                    raise ValueError(f"--by {' '.join(unknown)}: not a task label of this environment (its labels: "
+                                     f"{', '.join(keys)})")
+                keys = list(by)
             ev = ev.join(labels, on="task_id")
             row |= {"heldout_episodes": ev.height, "heldout_success": ev["success"].mean(),
                     "heldout_well_formed": 1 - ev["invalid_turns"].sum() / ev["episode_length"].sum()}
@@ -110,6 +119,8 @@ def main(argv=None) -> None:
     ap.add_argument("--params", required=True, type=Path)
     ap.add_argument("--run", type=Path, help="the run's folder (default: the params' run.dir, docs/workflow.md)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--by", nargs="+", metavar="LABEL", help="held-out success per these task labels only, pooled "
+                    "over the others (the SQL environment's: hardness, database)")
     args = ap.parse_args(argv)
     params = load_params(args.params)
     env = make_env(params.env)
@@ -120,7 +131,10 @@ def main(argv=None) -> None:
     except ValueError as e:
         raise SystemExit(f"error: {args.params}: {e}") from None
     run = args.run or run_folder(params, args.params)
-    stats, labels = iteration_stats(run, env, spec_of(params.env).tool_call)
+    try:
+        stats, labels = iteration_stats(run, env, spec_of(params.env).tool_call, args.by)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     out = args.out or run
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "task_stats.csv", stats.write_csv(float_precision=4))

@@ -418,8 +418,9 @@ def test_task_stats_by_hand(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / "iter_0").mkdir(parents=True)
     (run / "iter_1").mkdir()
-    t0, t1 = task_seed("eval", 0, 0, 0), task_seed("eval", 0, 0, 1)
+    t0, t1 = task_seed("eval", 0, 0, 0), task_seed("eval", 0, 0, 5)
     q0, q1 = env.question_of(t0), env.question_of(t1)
+    assert (q0.kind, q0.hops) == ("bridge", 2) and (q1.kind, q1.hops) == ("comparison", 2)   # two labels, one hops
     pl.DataFrame({"task_id": [t0, t0, t1], "success": [True, False, True], "invalid_turns": [0, 1, 0],
                   "episode_length": [2, 3, 3]}).write_parquet(run / "iter_0/eval.parquet")
     # two episodes of one task group: the first searches twice and answers, the second searches once, writes one
@@ -443,3 +444,14 @@ def test_task_stats_by_hand(tmp_path, monkeypatch):
         n, total = want.get((q.kind, q.hops), (0, 0.0))
         want[(q.kind, q.hops)] = (n + 1, total + s)
     assert got == {k: (n, pytest.approx(total / n)) for k, (n, total) in want.items()}
+    # pooled over the question types: by hops alone
+    _, by_hops = iteration_stats(run, env, lambda action: action.startswith("<search>"), by=["hops"])
+    pooled = {}
+    for (_, hops), (n, total) in want.items():
+        m, s = pooled.get(hops, (0, 0.0))
+        pooled[hops] = (m + n, s + total)
+    assert by_hops.columns == ["iteration", "hops", "episodes", "success"]
+    assert {r["hops"]: (r["episodes"], r["success"]) for r in by_hops.iter_rows(named=True)} == {
+        h: (n, pytest.approx(s / n)) for h, (n, s) in pooled.items()}
+    with pytest.raises(ValueError, match=r"--by hardness: not a task label of this environment \(its labels: "):
+        iteration_stats(run, env, lambda action: True, by=["hardness"])
