@@ -64,11 +64,11 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str
     out, stats = {}, []
     for it in iterations:
         steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
-        scores, s = fit_iteration(model, state, steps, ckpt(it - 1), ckpt(0), it, p,
-                                  log=lambda m, it=it: print(f"  {method} fit, iteration {it}: {m}", flush=True))
+        say = lambda m, it=it: print(f"  {method} fit, iteration {it}: {m}", flush=True)  # noqa: E731
+        scores, s = fit_iteration(model, state, steps, ckpt(it - 1), ckpt(0), it, p, log=say)
         out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
         stats.append({"method": method, "iteration": it, **s})
-        print(f"  {method} fit, iteration {it}: " + ", ".join(f"{k} {v:.4g}" for k, v in s.items()), flush=True)
+        say(", ".join(f"{k} {v:.4g}" for k, v in s.items()))
     return out, stats
 
 
