@@ -1,7 +1,7 @@
 """Benchmark: tree packing (`update.packing: tree`) against padded micro-batches, on a run's own turns.
 
     python -m bench.packing --run results/smollm2-search --params configs/smollm2-search.yaml --iterations 1 2
-    python -m bench.packing ... --turns 16 --repeats 2 --micro-batch-tokens 2048
+    python -m bench.packing ... --turns 16 --repeats 2 --micro-batch-tokens 512 1024 2048
 
 Per iteration: the turns' prompt + response tokens, the tokens their prefix tree holds (the whole iteration as one
 tree, and the update's micro-batches: `micro_batch_size` turns of a shuffled minibatch, as the update draws them,
@@ -44,11 +44,11 @@ def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budget:
     tokens, whole, in_trees = sum(map(len, seqs)), packed_tokens(seqs), sum(packed_tokens(p) for p in tree_parts)
     return {"iteration": it, "turns": len(seqs), "tokens": tokens, "padded_tokens": padded,
             "tree_whole_iteration": whole, f"tree_micro_batches_of_{micro}": packed_micro,
-            f"tree_budget_{budget}": in_trees, "tree_micro_batches": len(tree_parts),
+            "budget": budget, "tree_budget": in_trees, "tree_micro_batches": len(tree_parts),
             "reduction_whole": tokens / whole, "reduction_update": plain / in_trees}
 
 
-def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budget: int) -> list[dict]:
+def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int]) -> list[dict]:
     from pipeline.model.policy import load_policy, with_lora
     from pipeline.model.ppo import ppo_update, sequence_logprobs
 
@@ -62,11 +62,12 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
     trainable = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)       # the same weights every repeat
     u = params.update
-    variants = {"none": u.model_copy(update={"packing": "none", "minibatch_size": n}),
-                "tree": u.model_copy(update={"packing": "tree", "micro_batch_tokens": budget, "minibatch_size": n})}
+    variants = [("none", None, u.model_copy(update={"packing": "none", "minibatch_size": n}))]
+    variants += [("tree", b, u.model_copy(update={"packing": "tree", "micro_batch_tokens": b, "minibatch_size": n}))
+                 for b in budgets]
     rows = []
     for r in range(repeats):
-        for name, cfg in variants.items():
+        for name, budget, cfg in variants:
             t0 = time.perf_counter()
             ppo_update(model, opt, prompts, responses, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2), old,
                        cfg.model_copy(update={"epochs": 1}), tok.pad_token_id, seed=0)
@@ -74,8 +75,10 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
             sequence_logprobs(model, prompts, responses, tok.pad_token_id, u.micro_batch_size or n,
                               packing=name, max_tokens=budget)
             t2 = time.perf_counter()
-            rows.append({"repeat": r, "packing": name, "turns": n, "update_s": t1 - t0, "logprobs_s": t2 - t1})
-            print(f"  repeat {r} {name}: update {t1 - t0:.1f} s, log-probs {t2 - t1:.1f} s", flush=True)
+            rows.append({"repeat": r, "packing": name, "budget": budget, "turns": n, "update_s": t1 - t0,
+                         "logprobs_s": t2 - t1})
+            label = name if budget is None else f"{name} (budget {budget})"
+            print(f"  repeat {r} {label}: update {t1 - t0:.1f} s, log-probs {t2 - t1:.1f} s", flush=True)
     return rows
 
 
@@ -86,7 +89,8 @@ def main(argv=None) -> None:
     ap.add_argument("--iterations", type=int, nargs="+", default=[1])
     ap.add_argument("--turns", type=int, default=16, help="turns of the timed minibatch")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--micro-batch-tokens", type=int, default=2048)
+    ap.add_argument("--micro-batch-tokens", type=int, nargs="+", default=[2048],
+                    help="the packed micro-batches' token budget; several: each is counted and timed")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
@@ -97,8 +101,9 @@ def main(argv=None) -> None:
     rows = []
     for it in args.iterations:
         turns = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
-        rows.append(token_rows(turns, it, u.minibatch_size, micro, args.micro_batch_tokens, params.seed))
-        print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+        for budget in args.micro_batch_tokens:
+            rows.append(token_rows(turns, it, u.minibatch_size, micro, budget, params.seed))
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out / "packing_tokens.csv") as tmp:
         pl.DataFrame(rows).write_csv(tmp)
@@ -107,11 +112,14 @@ def main(argv=None) -> None:
                                 args.micro_batch_tokens))
     with atomic_file(args.out / "packing_time.csv") as tmp:
         times.write_csv(tmp)
-    mean = times.group_by("packing").agg(pl.col("update_s").median(), pl.col("logprobs_s").median())
-    none, tree = (mean.filter(pl.col("packing") == k).row(0, named=True) for k in ("none", "tree"))
-    print(f"median of {args.repeats}: update {none['update_s']:.1f} s padded, {tree['update_s']:.1f} s packed "
-          f"({none['update_s'] / tree['update_s']:.2f}x); log-probs {none['logprobs_s']:.1f} s, "
-          f"{tree['logprobs_s']:.1f} s ({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")
+    med = times.group_by("packing", "budget", maintain_order=True).agg(pl.col("update_s").median(),
+                                                                      pl.col("logprobs_s").median())
+    none = med.filter(pl.col("packing") == "none").row(0, named=True)
+    for tree in med.filter(pl.col("packing") == "tree").iter_rows(named=True):
+        print(f"median of {args.repeats}, budget {tree['budget']}: update {none['update_s']:.1f} s padded, "
+              f"{tree['update_s']:.1f} s packed ({none['update_s'] / tree['update_s']:.2f}x); log-probs "
+              f"{none['logprobs_s']:.1f} s, {tree['logprobs_s']:.1f} s "
+              f"({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")
 
 
 if __name__ == "__main__":
