@@ -11,6 +11,14 @@ side by side in this process, alternating: the PPO loss's forward and backward o
 where `policy.lora` is set, as the update trains), padded (`packing: none`, `micro_batch_size` turns a pass) against
 packed (`tree`, `micro_batch_tokens`), and the no-grad log-prob pass (log pi_old, the reference) likewise; the
 seconds of each and the ratio. Writes `OUT/packing_tokens.csv` and `OUT/packing_time.csv`.
+
+`--fits METHOD...` times the learned methods' fits as well (those whose settings have a `packing` key: OPRL's PRM,
+SPA's progress estimator, GAE's critic): one fit of the first iteration's turns of the first `--fit-groups` task
+groups (whole groups, as the fit sees them), from the run's initial policy, exactly as the fit stage calls it
+(`pipeline.credit.reward_model.fit_iteration`), with `credit.<method>.packing` none and then tree, alternating;
+writes `OUT/packing_fits.csv`.
+
+    python -m bench.packing ... --fits oprl spa gae --fit-groups 4
 """
 
 from __future__ import annotations
@@ -82,6 +90,41 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
     return rows
 
 
+def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], groups: int, repeats: int
+               ) -> list[dict]:
+    """Seconds of one fit (and scoring) of each learned method on the turns of `groups` task groups, padded
+    against packed, in this process, alternating."""
+    from pipeline.credit.methods import METHODS
+    from pipeline.credit.reward_model import fit_iteration  # start-up cost: torch
+
+    keep = turns["task_group"].unique(maintain_order=True).head(groups)
+    steps = turns.filter(pl.col("task_group").is_in(keep.implode())).sort("episode_id", "step")
+    ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
+    rows = []
+    for method in methods:
+        if method not in METHODS or METHODS[method].reward_model is None:
+            raise SystemExit(f"--fits: {method!r} is not a learned method; expected some of "
+                             f"{[m for m, v in METHODS.items() if v.reward_model is not None]}")
+        settings = getattr(params.credit, method)
+        if "packing" not in type(settings).model_fields:
+            raise SystemExit(f"--fits: credit.{method} has no packing key")
+        for r in range(repeats):
+            for packing in ("none", "tree"):
+                credit = params.credit.model_copy(update={
+                    "method": method, method: settings.model_copy(update={"packing": packing})})
+                p = params.model_copy(update={"credit": credit})
+                model = METHODS[method].reward_model
+                torch.manual_seed(0)
+                state = model.init(ckpt(0), p)
+                t0 = time.perf_counter()
+                scores, _ = fit_iteration(model, state, steps, ckpt(0), ckpt(0), 1, p)
+                sec = time.perf_counter() - t0
+                rows.append({"method": method, "repeat": r, "packing": packing, "turns": steps.height,
+                             "fit_s": sec, "score_abs_mean": float(abs(scores).mean())})
+                print(f"  {method} fit on {steps.height} turns, repeat {r} {packing}: {sec:.1f} s", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, default=None, help="the run's results folder (default: its params' run.dir)")
@@ -93,6 +136,8 @@ def main(argv=None) -> None:
                     help="the packed micro-batches' token budget; several: each is counted and timed")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--fits", nargs="*", default=[], metavar="METHOD", help="learned methods whose fit to time")
+    ap.add_argument("--fit-groups", type=int, default=4, help="task groups of the first iteration the fits see")
     args = ap.parse_args(argv)
     params = with_overrides(load_params(args.params), args.set)
     run = args.run or run_folder(params, args.params)
@@ -120,6 +165,14 @@ def main(argv=None) -> None:
               f"{tree['update_s']:.1f} s packed ({none['update_s'] / tree['update_s']:.2f}x); log-probs "
               f"{none['logprobs_s']:.1f} s, {tree['logprobs_s']:.1f} s "
               f"({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")
+    if args.fits:
+        fits = pl.DataFrame(fit_timing(params, run, first, args.fits, args.fit_groups, args.repeats))
+        with atomic_file(args.out / "packing_fits.csv") as tmp:
+            fits.write_csv(tmp)
+        for (method,), g in fits.group_by("method", maintain_order=True):
+            med = {k: g.filter(pl.col("packing") == k)["fit_s"].median() for k in ("none", "tree")}
+            print(f"median of {args.repeats}: {method} fit {med['none']:.1f} s padded, {med['tree']:.1f} s packed "
+                  f"({med['none'] / med['tree']:.2f}x)")
 
 
 if __name__ == "__main__":
