@@ -37,23 +37,30 @@ from pipeline.model.packing import micro_batches, packed_tokens
 from pipeline.workflow.runs import run_folder
 
 
-def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budget: int, seed: int) -> dict:
+def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budgets: list[int], seed: int
+               ) -> list[dict]:
+    """One row per token budget: the counts that do not depend on it (the whole iteration, its padded
+    micro-batches) computed once, then the prefix trees of at most that many tokens."""
     seqs = [list(p) + list(r) for p, r in zip(turns["prompt_ids"].to_list(), turns["response_ids"].to_list())]
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
+    batches = minibatches(order, minibatch)
     padded = plain = packed_micro = 0
-    tree_parts = []
-    for mb in minibatches(order, minibatch):
+    for mb in batches:
         for m in range(0, len(mb), micro):
             part = [seqs[i] for i in mb[m: m + micro]]
             padded += len(part) * max(map(len, part))
             plain += sum(map(len, part))
             packed_micro += packed_tokens(part)
-        tree_parts += [[seqs[i] for i in p] for p in micro_batches(seqs, mb, budget)]
-    tokens, whole, in_trees = sum(map(len, seqs)), packed_tokens(seqs), sum(packed_tokens(p) for p in tree_parts)
-    return {"iteration": it, "turns": len(seqs), "tokens": tokens, "padded_tokens": padded,
-            "tree_whole_iteration": whole, f"tree_micro_batches_of_{micro}": packed_micro,
-            "budget": budget, "tree_budget": in_trees, "tree_micro_batches": len(tree_parts),
-            "reduction_whole": tokens / whole, "reduction_update": plain / in_trees}
+    tokens, whole = sum(map(len, seqs)), packed_tokens(seqs)
+    rows = []
+    for budget in budgets:
+        trees = [p for mb in batches for p in micro_batches(seqs, mb, budget)]
+        in_trees = sum(packed_tokens([seqs[i] for i in p]) for p in trees)
+        rows.append({"iteration": it, "turns": len(seqs), "tokens": tokens, "padded_tokens": padded,
+                     "tree_whole_iteration": whole, f"tree_micro_batches_of_{micro}": packed_micro,
+                     "budget": budget, "tree_budget": in_trees, "tree_micro_batches": len(trees),
+                     "reduction_whole": tokens / whole, "reduction_update": plain / in_trees})
+    return rows
 
 
 def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int]) -> list[dict]:
@@ -102,9 +109,10 @@ def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], group
     ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
     rows = []
     for method in methods:
-        if method not in METHODS or METHODS[method].reward_model is None:
+        if method not in METHODS or not METHODS[method].fits:
             raise SystemExit(f"--fits: {method!r} is not a learned method; expected some of "
-                             f"{[m for m, v in METHODS.items() if v.reward_model is not None]}")
+                             f"{[m for m, v in METHODS.items() if v.fits]}")
+        model = METHODS[method].reward_model
         settings = getattr(params.credit, method)
         if "packing" not in type(settings).model_fields:
             raise SystemExit(f"--fits: credit.{method} has no packing key")
@@ -113,7 +121,6 @@ def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], group
                 credit = params.credit.model_copy(update={
                     "method": method, method: settings.model_copy(update={"packing": packing})})
                 p = params.model_copy(update={"credit": credit})
-                model = METHODS[method].reward_model
                 torch.manual_seed(0)
                 state = model.init(ckpt(0), p)
                 t0 = time.perf_counter()
@@ -146,9 +153,9 @@ def main(argv=None) -> None:
     rows = []
     for it in args.iterations:
         turns = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
-        for budget in args.micro_batch_tokens:
-            rows.append(token_rows(turns, it, u.minibatch_size, micro, budget, params.seed))
-            print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+        for row in token_rows(turns, it, u.minibatch_size, micro, args.micro_batch_tokens, params.seed):
+            rows.append(row)
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out / "packing_tokens.csv") as tmp:
         pl.DataFrame(rows).write_csv(tmp)
@@ -170,9 +177,9 @@ def main(argv=None) -> None:
         with atomic_file(args.out / "packing_fits.csv") as tmp:
             fits.write_csv(tmp)
         for (method,), g in fits.group_by("method", maintain_order=True):
-            med = {k: g.filter(pl.col("packing") == k)["fit_s"].median() for k in ("none", "tree")}
-            print(f"median of {args.repeats}: {method} fit {med['none']:.1f} s padded, {med['tree']:.1f} s packed "
-                  f"({med['none'] / med['tree']:.2f}x)")
+            fit_s = {k: g.filter(pl.col("packing") == k)["fit_s"].median() for k in ("none", "tree")}
+            print(f"median of {args.repeats}: {method} fit {fit_s['none']:.1f} s padded, {fit_s['tree']:.1f} s "
+                  f"packed ({fit_s['none'] / fit_s['tree']:.2f}x)")
 
 
 if __name__ == "__main__":
