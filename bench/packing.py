@@ -63,6 +63,18 @@ def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budgets
     return rows
 
 
+def device_name(device: torch.device) -> str:
+    """The device the timings ran on, in words: the GPU's name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        models = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")]
+    except OSError:
+        models = []
+    return models[0] if models else "cpu"
+
+
 def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int]) -> list[dict]:
     from pipeline.model.policy import load_policy, with_lora
     from pipeline.model.ppo import ppo_update, sequence_logprobs
@@ -72,7 +84,8 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
     prompts = turns["prompt_ids"].to_list()
     responses = turns["response_ids"].to_list()
     old = [torch.tensor(x, dtype=torch.float32) for x in turns["response_logprobs"].to_list()]
-    base, tok = load_policy(checkpoint, params.policy.dtype, train=True)
+    base, tok = load_policy(checkpoint, params.policy.dtype, params.runtime.device, train=True)
+    device = device_name(next(base.parameters()).device)
     model = with_lora(base, params.policy.lora, seed=0) if params.policy.lora else base
     trainable = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)       # the same weights every repeat
@@ -91,7 +104,7 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
                               packing=name, max_tokens=budget)
             t2 = time.perf_counter()
             rows.append({"repeat": r, "packing": name, "budget": budget, "turns": n, "update_s": t1 - t0,
-                         "logprobs_s": t2 - t1})
+                         "logprobs_s": t2 - t1, "device": device, "dtype": params.policy.dtype})
             label = name if budget is None else f"{name} (budget {budget})"
             print(f"  repeat {r} {label}: update {t1 - t0:.1f} s, log-probs {t2 - t1:.1f} s", flush=True)
     return rows
@@ -106,7 +119,10 @@ def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], group
 
     keep = turns["task_group"].unique(maintain_order=True).head(groups)
     steps = turns.filter(pl.col("task_group").is_in(keep.implode())).sort("episode_id", "step")
+    from pipeline.model.policy import resolve_device
+
     ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
+    device = device_name(resolve_device(params.runtime.device))
     rows = []
     for method in methods:
         if method not in METHODS or not METHODS[method].fits:
@@ -127,7 +143,8 @@ def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], group
                 scores, _ = fit_iteration(model, state, steps, ckpt(0), ckpt(0), 1, p)
                 sec = time.perf_counter() - t0
                 rows.append({"method": method, "repeat": r, "packing": packing, "turns": steps.height,
-                             "fit_s": sec, "score_abs_mean": float(abs(scores).mean())})
+                             "fit_s": sec, "score_abs_mean": float(abs(scores).mean()),
+                             "device": device, "dtype": params.policy.dtype})
                 print(f"  {method} fit on {steps.height} turns, repeat {r} {packing}: {sec:.1f} s", flush=True)
     return rows
 
