@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,10 +53,12 @@ TURN_COLUMNS = ["method", "iteration", "episode_id", "step", "action", "action_v
                 "episode_advantage", "step_advantage", "penalty", "advantage"]
 
 
-def fitted_scores(run: Path, params, iterations: list[int], method: str
+def fitted_scores(run: Path, params, iterations: list[int], method: str,
+                  select: Callable[[pl.DataFrame], pl.DataFrame] | None = None
                   ) -> tuple[dict[int, pl.DataFrame], list[dict]]:
     """Replay the fit stage of `method` (one with a step-reward model) over the run's iterations, from its initial
-    policy, exactly as the fit stage calls it; returns the scores per iteration and the fit statistics."""
+    policy, exactly as the fit stage calls it; returns the scores per iteration and the fit statistics (with
+    `fit_s`, the seconds of each iteration's fit and scoring). `select` keeps part of each iteration's turns."""
     from pipeline.credit.reward_model import fit_iteration  # start-up cost: torch
 
     model = METHODS[method].reward_model
@@ -63,9 +67,12 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str
     state = model.init(ckpt(0), p)
     out, stats = {}, []
     for it in iterations:
-        steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS).sort("episode_id", "step")
+        steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
+        steps = (select(steps) if select is not None else steps).sort("episode_id", "step")
         say = lambda m, it=it: print(f"  {method} fit, iteration {it}: {m}", flush=True)  # noqa: E731
+        t0 = time.perf_counter()
         scores, s = fit_iteration(model, state, steps, ckpt(it - 1), ckpt(0), it, p, log=say)
+        s = {**s, "fit_s": time.perf_counter() - t0}
         out[it] = steps.select("episode_id", "step").with_columns(pl.Series("score", scores))
         stats.append({"method": method, "iteration": it, **s})
         say(", ".join(f"{k} {v:.4g}" for k, v in s.items()))

@@ -110,42 +110,40 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
     return rows
 
 
-def fit_timing(params, run: Path, turns: pl.DataFrame, methods: list[str], groups: int, repeats: int
+def fit_timing(params, run: Path, iteration: int, methods: list[str], groups: int, repeats: int
                ) -> list[dict]:
-    """Seconds of one fit (and scoring) of each learned method on the turns of `groups` task groups, padded
-    against packed, in this process, alternating."""
+    """Seconds of one fit (and scoring) of each learned method on the turns of the iteration's first `groups` task
+    groups, padded against packed, in this process, alternating; the fit is the credit benchmark's replay of the
+    fit stage (`bench.credit_quality.fitted_scores`)."""
+    from bench.credit_quality import fitted_scores
     from pipeline.credit.methods import METHODS
-    from pipeline.credit.reward_model import fit_iteration  # start-up cost: torch
-
-    keep = turns["task_group"].unique(maintain_order=True).head(groups)
-    steps = turns.filter(pl.col("task_group").is_in(keep.implode())).sort("episode_id", "step")
     from pipeline.model.policy import resolve_device
 
-    ckpt = lambda i: run / f"iter_{i}" / "checkpoint"  # noqa: E731
+    def first_groups(steps: pl.DataFrame) -> pl.DataFrame:
+        keep = steps["task_group"].unique(maintain_order=True).head(groups)
+        return steps.filter(pl.col("task_group").is_in(keep.implode()))
+
     device = device_name(resolve_device(params.runtime.device))
     rows = []
     for method in methods:
         if method not in METHODS or not METHODS[method].fits:
             raise SystemExit(f"--fits: {method!r} is not a learned method; expected some of "
                              f"{[m for m, v in METHODS.items() if v.fits]}")
-        model = METHODS[method].reward_model
         settings = getattr(params.credit, method)
         if "packing" not in type(settings).model_fields:
             raise SystemExit(f"--fits: credit.{method} has no packing key")
         for r in range(repeats):
             for packing in ("none", "tree"):
-                credit = params.credit.model_copy(update={
-                    "method": method, method: settings.model_copy(update={"packing": packing})})
-                p = params.model_copy(update={"credit": credit})
+                credit = params.credit.model_copy(update={method: settings.model_copy(update={"packing": packing})})
                 torch.manual_seed(0)
-                state = model.init(ckpt(0), p)
-                t0 = time.perf_counter()
-                scores, _ = fit_iteration(model, state, steps, ckpt(0), ckpt(0), 1, p)
-                sec = time.perf_counter() - t0
-                rows.append({"method": method, "repeat": r, "packing": packing, "turns": steps.height,
-                             "fit_s": sec, "score_abs_mean": float(abs(scores).mean()),
+                scores, stats = fitted_scores(run, params.model_copy(update={"credit": credit}), [iteration],
+                                              method, select=first_groups)
+                score = scores[iteration]["score"]
+                rows.append({"method": method, "repeat": r, "packing": packing, "turns": len(score),
+                             "fit_s": stats[0]["fit_s"], "score_abs_mean": float(score.abs().mean()),
                              "device": device, "dtype": params.policy.dtype})
-                print(f"  {method} fit on {steps.height} turns, repeat {r} {packing}: {sec:.1f} s", flush=True)
+                print(f"  {method} fit on {len(score)} turns, repeat {r} {packing}: {stats[0]['fit_s']:.1f} s",
+                      flush=True)
     return rows
 
 
@@ -190,7 +188,7 @@ def main(argv=None) -> None:
               f"{none['logprobs_s']:.1f} s, {tree['logprobs_s']:.1f} s "
               f"({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")
     if args.fits:
-        fits = pl.DataFrame(fit_timing(params, run, first, args.fits, args.fit_groups, args.repeats))
+        fits = pl.DataFrame(fit_timing(params, run, args.iterations[0], args.fits, args.fit_groups, args.repeats))
         with atomic_file(args.out / "packing_fits.csv") as tmp:
             fits.write_csv(tmp)
         for (method,), g in fits.group_by("method", maintain_order=True):
