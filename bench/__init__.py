@@ -7,6 +7,7 @@ version of each (tests/e2e/test_bench.py).
 from __future__ import annotations
 
 import os
+import platform
 import time
 import warnings
 from pathlib import Path
@@ -14,6 +15,17 @@ from pathlib import Path
 from pipeline.workflow import tracking
 
 EXPERIMENT = "creditrl-bench"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (every figure names its machine)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def open_experiment(root: Path | None = None):

@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
+from bench import cpu_name
 from pipeline.config.params import load_params, with_overrides
 from pipeline.data.batches import minibatches
 from pipeline.data.tables import STEPS, atomic_file, read_table
@@ -65,14 +66,7 @@ def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budgets
 
 def device_name(device: torch.device) -> str:
     """The device the timings ran on, in words: the GPU's name, or the CPU's model."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        models = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")]
-    except OSError:
-        models = []
-    return models[0] if models else "cpu"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int]) -> list[dict]:

@@ -13,7 +13,6 @@ the median and 99th-percentile latency of each query kind, and the index's size 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bench import cpu_name
 from pipeline.data.tables import write_text_atomic
 from pipeline.envs import search_world
 
@@ -37,16 +37,6 @@ def world(size: int, seed: int = 0) -> tuple[list[str], list[str], list[str]]:
     texts = [d["contents"].replace('"', "", 2) for d in corpus]
     names = [d["contents"].split("\n", 1)[0].strip('"') for d in corpus]
     return texts, names, [q["question"] for q in train + test]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def timed_queries(retriever, queries: list[str], k: int = 3) -> tuple[float, float, float]:
