@@ -2,6 +2,8 @@
 
     python -m bench.verdicts --name GiGPO --baseline-name GRPO --a 0.695 0.469 0.664 --b 0.516 0.492 0.513
     python -m bench.verdicts --a ... --b ... --scale 100        # per-seed values given in points already
+    python -m bench.verdicts --runs RUN                        # each iteration's gain over iteration 0, paired
+    python -m bench.verdicts --runs RUN_A RUN_B --name A --baseline-name B   # two runs, paired by task
 
 For two methods run on the same seeds (paired: same initial policy, same held-out tasks), each comparison reports
 the paired difference in held-out success (in points, 100 x the success rate) of the final iteration and of the
@@ -183,20 +185,76 @@ def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str) 
     return out, panel
 
 
+def paired_by_iteration(a: pl.DataFrame, b: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Run `a` against run `b` at every iteration both evaluated (two `task_success` tables; `b` None: `a` against
+    its own iteration 0, the gain of training), paired by held-out task: columns iteration, tasks, a, b (their mean
+    success on the tasks both played), diff (points) and ci_low, ci_high (the 95 % bootstrap interval over the
+    tasks, `bootstrap_interval`, tasks in order of their id so a rerun draws the same resamples)."""
+    rows = []
+    base = b if b is not None else a.filter(pl.col("iteration") == 0)
+    iterations = sorted(set(a["iteration"].to_list()) & set(b["iteration"].to_list())) if b is not None else \
+        sorted(set(a["iteration"].to_list()) - {0} if base.height else set())
+    for it in iterations:
+        j = (a.filter(pl.col("iteration") == it).select("task_id", "success")
+             .join(base.filter(pl.col("iteration") == (it if b is not None else 0)).select("task_id", "success"),
+                   on="task_id", suffix="_b").sort("task_id"))
+        d = ((j["success"] - j["success_b"]).to_numpy() * 100.0)
+        lo, hi = bootstrap_interval([d]) if len(d) else (float("nan"), float("nan"))
+        rows.append({"iteration": it, "tasks": j.height, "a": j["success"].mean(), "b": j["success_b"].mean(),
+                     "diff": float(d.mean()) if len(d) else float("nan"), "ci_low": lo, "ci_high": hi})
+    return pl.DataFrame(rows, schema={"iteration": pl.Int64, "tasks": pl.Int64, "a": pl.Float64, "b": pl.Float64,
+                                      "diff": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64})
+
+
 def verdict_frame(verdicts: list[Verdict]) -> pl.DataFrame:
     return pl.DataFrame([asdict(v) for v in verdicts], schema_overrides={"tasks": pl.Int64, "seeds_for_power":
                                                                          pl.Int64})
 
 
+def _runs(args) -> None:
+    """--runs A [B]: the paired table per iteration, then (with B) the final and mean-over-iterations verdicts."""
+    for r in args.runs:
+        if not evaluated_iterations(Path(r)):
+            raise SystemExit(f"error: {r}: no iter_<i>/eval.parquet; give a run's results folder that has "
+                             "held-out evaluations")
+    a, b = [task_success(Path(r)) for r in args.runs] + [None] * (2 - len(args.runs))
+    table = paired_by_iteration(a, b)
+    if not table.height:
+        raise SystemExit(f"error: {args.runs[0]}: no evaluated iteration to pair" +
+                         (f" with {args.runs[1]}" if b is not None else " with its iteration 0"))
+    other = args.baseline_name if b is not None else "iteration 0"
+    print(f"{args.name} − {other}, held-out success paired by task (points, 95 % bootstrap interval over tasks):")
+    for r in table.iter_rows(named=True):
+        print(f"  iteration {r['iteration']}: {r['a']:.3f} against {r['b']:.3f}, {_points(r['diff'])} "
+              f"[{_points(r['ci_low'])}, {_points(r['ci_high'])}] on {r['tasks']} tasks")
+    if b is not None:
+        verdicts, panel = compare_methods({(args.name, 0): a, (args.baseline_name, 0): b}, args.baseline_name)
+        print(panel)
+        for v in verdicts:
+            print(v.sentence)
+    if args.out:
+        table.write_csv(args.out)
+        print(f"wrote {args.out}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", type=float, nargs="+", required=True, help="the method's per-seed figures")
-    ap.add_argument("--b", type=float, nargs="+", required=True, help="the baseline's, on the same seeds, in order")
+    ap.add_argument("--a", type=float, nargs="+", help="the method's per-seed figures")
+    ap.add_argument("--b", type=float, nargs="+", help="the baseline's, on the same seeds, in order")
+    ap.add_argument("--runs", nargs="+", metavar="RUN", help="one run's results folder (its gain over iteration 0) "
+                    "or two (the first against the second), paired by held-out task at every iteration")
+    ap.add_argument("--out", help="with --runs: write the per-iteration table to this CSV file")
     ap.add_argument("--name", default="method")
     ap.add_argument("--baseline-name", default="baseline")
     ap.add_argument("--metric", default="final", choices=("final", "auc"))
     ap.add_argument("--scale", type=float, default=100.0, help="points per unit of the figures (100: rates)")
     args = ap.parse_args(argv)
+    if args.runs:
+        if len(args.runs) > 2:
+            raise SystemExit(f"error: --runs takes one or two results folders, not {len(args.runs)}")
+        return _runs(args)
+    if not args.a or not args.b:
+        raise SystemExit("error: give --a and --b (per-seed figures), or --runs (results folders)")
     if len(args.a) != len(args.b):
         raise SystemExit(f"error: --a has {len(args.a)} seeds and --b {len(args.b)}; give one figure per seed to each")
     v = verdict(args.name, args.baseline_name, args.metric,

@@ -214,6 +214,18 @@ def test_learning_smoke(tmp_path):
     assert final["diff"] == pytest.approx(100 * (rloo[1] - grpo[1]))
     assert auc["metric"] == "auc" and auc["diff"] == pytest.approx(100 * (sum(rloo) - sum(grpo)) / 2)
     assert final["p_value"] == 1.0 and final["verdict"] == "not established" and final["seeds_for_power"] is None
+    # the same pair from the command line, iteration by iteration, and one run's gain over its iteration 0
+    from bench import verdicts
+
+    verdicts.main(["--runs", str(work / "rloo_s0/results"), str(work / "grpo_s0/results"), "--name", "rloo",
+                   "--baseline-name", "grpo", "--out", str(out / "pair.csv")])
+    pair = pl.read_csv(out / "pair.csv")
+    assert pair["iteration"].to_list() == [0, 1] and pair["tasks"].to_list() == [4, 4]
+    assert pair["diff"].to_list() == pytest.approx([100 * (rloo[0] - grpo[0]), final["diff"]])
+    verdicts.main(["--runs", str(work / "grpo_s0/results"), "--out", str(out / "gain.csv")])
+    assert pl.read_csv(out / "gain.csv")["diff"].to_list() == pytest.approx([100 * (grpo[1] - grpo[0])])
+    with pytest.raises(SystemExit, match="no iter_<i>/eval.parquet"):
+        verdicts.main(["--runs", str(tmp_path)])
 
 
 @pytest.mark.e2e

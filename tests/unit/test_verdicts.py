@@ -5,7 +5,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from bench.verdicts import bootstrap_interval, compare_methods, seeds_for_power, sign_flip_p, verdict
+from bench.verdicts import (
+    bootstrap_interval,
+    compare_methods,
+    paired_by_iteration,
+    seeds_for_power,
+    sign_flip_p,
+    verdict,
+)
 
 
 def test_the_sign_flip_p_value_counts_the_sign_patterns_by_hand():
@@ -78,3 +85,24 @@ def test_runs_are_compared_on_the_same_tasks_final_and_area_under_the_curve():
     found2, panel2 = compare_methods(tables, "grpo")
     assert panel2.startswith("Paired on the 2 held-out tasks every run played (the runs' panels differ)")
     assert found2[0].diff == pytest.approx(final.diff)
+
+
+def test_two_runs_and_one_runs_gain_are_paired_by_task_at_every_iteration():
+    a = table({0: [0.5, 0.0, 1.0], 1: [1.0, 0.5, 1.0], 2: [0.75, 0.25, 1.25]})
+    # the gain over iteration 0: task differences 50, 50, 0 (mean 33.3) at 1; 25, 25, 25 at 2, which no resample
+    # can move
+    gain = paired_by_iteration(a)
+    assert gain["iteration"].to_list() == [1, 2] and gain["tasks"].to_list() == [3, 3]
+    assert gain["diff"].to_list() == pytest.approx([100 / 3, 25.0])
+    assert gain["a"].to_list() == pytest.approx([2.5 / 3, 2.25 / 3]) and gain["b"].to_list() == pytest.approx([0.5] * 2)
+    assert (gain["ci_low"][1], gain["ci_high"][1]) == (25.0, 25.0)
+    lo, hi = gain["ci_low"][0], gain["ci_high"][0]
+    assert 0.0 <= lo < 100 / 3 < hi <= 50.0
+    # the rows' order does not change a draw: the tasks are resampled in the order of their id
+    assert paired_by_iteration(a.reverse()).equals(gain)
+    # against another run: only the tasks both played, at the iterations both evaluated
+    b = table({0: [0.5, 0.5], 1: [0.0, 0.5], 3: [1.0, 1.0]})
+    pair = paired_by_iteration(a, b)
+    assert pair["iteration"].to_list() == [0, 1] and pair["tasks"].to_list() == [2, 2]
+    assert pair["diff"].to_list() == pytest.approx([-25.0, 50.0])
+    assert paired_by_iteration(table({1: [1.0]})).height == 0          # no iteration 0: no gain to pair
