@@ -36,6 +36,29 @@ class LoraSettings(Section):
         "head, as verl's and TRL's defaults)")
 
 
+def _tokens_need_trees(section):
+    if section.micro_batch_tokens is not None and section.packing != "tree":
+        raise ValueError(f"micro_batch_tokens {section.micro_batch_tokens} sizes prefix trees: set packing: tree, "
+                         "or size padded micro-batches with micro_batch_size")
+    return section
+
+
+class FitBatching(Section):
+    """How a learned step-reward model (a credit method's PRM, estimator or critic) runs turns through its network
+    when it fits and scores them: memory and speed, not maths."""
+    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
+    packing: Packing = Field("none", description="tree: each forward pass as one prefix tree, each distinct prefix "
+                             "computed once, the same values and gradient (docs/models.md, Tree packing)")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="packing tree: a forward pass holds at most this "
+                                           "many packed tokens (its turns sorted so that shared prefixes fall "
+                                           "together; a longer turn goes alone) instead of batch_size turns, so "
+                                           "memory is bounded by tokens however long the prompts are")
+
+    @model_validator(mode="after")
+    def _tokens_need_trees(self):
+        return _tokens_need_trees(self)
+
+
 class MicroBatching(Section):
     """How a batch of turns goes through the model in a training step (the update's minibatches, the warm start's
     batches): in micro-batches whose gradients are accumulated, padded or packed as prefix trees. Memory and speed,
@@ -54,7 +77,4 @@ class MicroBatching(Section):
 
     @model_validator(mode="after")
     def _tokens_need_trees(self):
-        if self.micro_batch_tokens is not None and self.packing != "tree":
-            raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
-                             "or size padded micro-batches with micro_batch_size")
-        return self
+        return _tokens_need_trees(self)

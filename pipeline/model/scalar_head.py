@@ -127,20 +127,30 @@ class ScalarHeadModel:
         last = torch.stack([path[-1] for path in tree.paths]).to(device)
         return self.head(hidden[last].float()).squeeze(-1)
 
-    def values(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none"):
-        """One value per sequence `prompt + response` (an empty response: the prompt's last token), computed in
-        chunks of `batch_size`: right-padded, or (`packing` tree) each chunk one prefix tree."""
+    def values(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none",
+               max_tokens: int | None = None):
+        """One value per sequence `prompt + response` (an empty response: the prompt's last token), in the order
+        given, computed in chunks of `batch_size`: right-padded, or (`packing` tree) each chunk one prefix tree;
+        with `max_tokens` too, trees of at most that many tokens (`pipeline.model.packing.passes`)."""
         import torch  # start-up cost: torch
 
+        from pipeline.model.packing import passes  # start-up cost: torch
         from pipeline.model.policy import pad_batch  # start-up cost: torch
 
+        parts = passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens)
         out = []
         with torch.set_grad_enabled(grad):
-            for b in range(0, len(prompts), batch_size):
+            for part in parts:
+                ps, rs = [prompts[i] for i in part], [responses[i] for i in part]
                 if packing == "tree":
-                    out.append(self.packed([list(p) + list(r) for p, r in
-                                            zip(prompts[b: b + batch_size], responses[b: b + batch_size])]))
+                    out.append(self.packed([list(p) + list(r) for p, r in zip(ps, rs)]))
                     continue
-                ids, attn, _ = pad_batch(prompts[b: b + batch_size], responses[b: b + batch_size], pad_id)
+                ids, attn, _ = pad_batch(ps, rs, pad_id)
                 out.append(self(ids, attn))
-        return torch.cat(out) if out else torch.zeros(0)
+        if not out:
+            return torch.zeros(0)
+        v = torch.cat(out)
+        order = [i for part in parts for i in part]
+        if order == list(range(len(prompts))):
+            return v
+        return v.new_zeros(len(prompts)).index_put((torch.tensor(order, device=v.device),), v)

@@ -10,7 +10,7 @@ import torch
 
 from pipeline.credit.base import EPS
 from pipeline.credit.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
-from tests.conftest import PAD, batch, counting_packs, tiny_llama
+from tests.conftest import PAD, batch, tiny_llama
 from tests.unit.test_credit_methods import AE0, AE1, PER_EPISODE_STD, advantages
 
 
@@ -142,15 +142,39 @@ def test_oprl_sums_and_prm_gradient_are_alike_packed_or_not(monkeypatch):
     prompts = [[3, 4, 5, 6] + p for p in prompts]                # a shared system prefix
     old = turn_logprob_sums(policy, prompts, responses, PAD, 8)
     assert np.abs(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree") - old).max() <= 1e-5
-    grads = {}
-    packs = counting_packs(monkeypatch)
-    for packing in ("none", "tree"):
+    grads, packs, trees = {}, {}, tree_sizes(monkeypatch)
+    budget = 3 * max(len(p) + len(r) for p, r in zip(prompts, responses))
+    for packing, tokens in (("none", None), ("tree", None), ("tree", budget)):
+        before = len(trees)
         prm = copy.deepcopy(policy)
-        cfg = OprlConfig(beta=0.5, steps=1, batch_size=8, grad_clip=1e9, packing=packing)
+        cfg = OprlConfig(beta=0.5, steps=1, batch_size=8, grad_clip=1e9, packing=packing, micro_batch_tokens=tokens)
         prm_update(prm, torch.optim.SGD(prm.parameters(), lr=0.0), prompts, responses, old, turn_ep, ep_group,
                    ep_success, cfg, PAD)
-        grads[packing] = torch.cat([p.grad.flatten() for p in prm.parameters() if p.grad is not None])
-    assert packs == [8] * 9     # 24 turns, 8 a tree: the sums, the backward pass, the sums after the step
-    assert grads["none"].abs().max() > 1e-4
-    assert (grads["tree"] - grads["none"]).abs().max() <= 1e-5 * grads["none"].abs().max()
+        grads[packing, tokens] = torch.cat([p.grad.flatten() for p in prm.parameters() if p.grad is not None])
+        packs[packing, tokens] = trees[before:]
+    # 24 turns, 8 a tree: the sums, the backward pass, the sums after the step
+    assert packs["none", None] == [] and [n for n, _ in packs["tree", None]] == [8] * 9
+    # with a token budget the trees hold at most that many tokens, so more of them, each turn in one
+    assert max(t for _, t in packs["tree", budget]) <= budget and sum(n for n, _ in packs["tree", budget]) == 24 * 3
+    assert len(packs["tree", budget]) > 9
+    none = grads["none", None]
+    assert none.abs().max() > 1e-4
+    for key in (("tree", None), ("tree", budget)):
+        assert (grads[key] - none).abs().max() <= 1e-5 * none.abs().max()
+    assert np.abs(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree", budget) - old).max() <= 1e-5
+
+
+def tree_sizes(monkeypatch) -> list[tuple[int, int]]:
+    """(turns, tokens) of each prefix tree `pipeline.model.packing` packs from here on."""
+    import pipeline.model.packing as packing
+
+    calls, real = [], packing.pack
+
+    def pack(seqs):
+        tree = real(seqs)
+        calls.append((len(seqs), len(tree.ids)))
+        return tree
+
+    monkeypatch.setattr(packing, "pack", pack)
+    return calls
 

@@ -153,7 +153,21 @@ def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradie
         fits[packing] = stats, c.detach(), grad
     # 3 epochs x 2 minibatches of 6 episodes (18 turns: chunks of 16 and 2), then the 36 turns scored in chunks of 16
     assert packs == [16, 2] * 6 + [16, 16, 4]
-    (s0, c0, g0), (s1, c1, g1) = fits["none"], fits["tree"]
-    assert s1 == pytest.approx(s0, rel=1e-5) and s0["estimator_loss_epoch_2"] < s0["estimator_loss_epoch_0"]
-    assert (c1 - c0).abs().max() <= 1e-5 * c0.abs().max() and c0.abs().max() > 1e-3
-    assert (g1 - g0).abs().max() <= 1e-5 * g0.abs().max()
+    # trees of at most 3 turns' tokens (`micro_batch_tokens`): the turns regrouped, each value back in its place
+    budget = 3 * max(len(p) + len(r) for p, r in zip(prompts, responses))
+    est = ProgressEstimator.from_policy(tmp_path / "policy")
+    cfg = SpaConfig(lr=3e-3, epochs=3, episodes_per_batch=6, batch_size=16, packing="tree", micro_batch_tokens=budget)
+    stats = train_progress(est, torch.optim.AdamW(est.parameters(), lr=cfg.lr), prompts, responses, turn_ep,
+                           ep_success.astype(np.float64), cfg, PAD, seed=0)
+    for q in est.parameters():
+        q.grad = None
+    c = est.contributions(prompts, responses, PAD, 16, grad=True, packing="tree", max_tokens=budget)
+    (c * torch.linspace(-1, 1, len(c))).sum().backward()
+    fits["budget"] = stats, c.detach(), torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
+    assert len(packs) - 15 > 15          # more, smaller trees than chunks of 16 turns
+    (s0, c0, g0) = fits["none"]
+    assert s0["estimator_loss_epoch_2"] < s0["estimator_loss_epoch_0"] and c0.abs().max() > 1e-3
+    for s1, c1, g1 in (fits["tree"], fits["budget"]):
+        assert s1 == pytest.approx(s0, rel=1e-5)
+        assert (c1 - c0).abs().max() <= 1e-5 * c0.abs().max()
+        assert (g1 - g0).abs().max() <= 1e-5 * g0.abs().max()

@@ -27,13 +27,13 @@ from pydantic import Field
 from pipeline.credit.base import Method, Terms, discounted_returns, episode_advantage, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
 from pipeline.data.batches import minibatch_count, minibatches
-from pipeline.data.section import LoraSettings, Packing, Section
+from pipeline.data.section import FitBatching, LoraSettings
 from pipeline.data.seeds import stage_seed
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
 from pipeline.progress import Ticker
 
 
-class GaeConfig(Section):
+class GaeConfig(FitBatching):
     """A learned turn-level critic; by default no episode term (PPO). The critic's optimiser defaults are verl's."""
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="discount γ between turns")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE's λ between turns (1: the return minus the value; "
@@ -48,10 +48,6 @@ class GaeConfig(Section):
     value_clip: float | None = Field(0.5, gt=0.0, description="clip the new value to V_old ± this in the loss "
                                      "(verl's cliprange_value); null: no clipping")
     grad_clip: float = Field(1.0, gt=0.0)
-    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    packing: Packing = Field("none", description="tree: each forward pass of the critic as one "
-                                             "prefix tree of the states, the same values and gradient (docs/models.md, "
-                                             "Tree packing)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
                                       "instead of every weight of the critic (null)")
 
@@ -96,9 +92,10 @@ class Critic(ScalarHeadModel):
     head_file = "value_head.pt"
     kind = "critic"
 
-    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none"):
+    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none",
+                     max_tokens: int | None = None):
         """V(s_t) for each turn's prompt (the state before its response)."""
-        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad, packing)
+        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad, packing, max_tokens)
 
 
 def value_loss(v, v_old, target, clip: float | None):
@@ -139,7 +136,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
         order = torch.randperm(n, generator=gen).tolist()
         for rows in minibatches(order, cfg.minibatch_size):
             v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True,
-                                    packing=cfg.packing)
+                                    packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
             idx = torch.tensor(rows)
             loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
             stepper.minimize(loss, f"GAE critic epoch {epoch}")
@@ -207,7 +204,8 @@ class TurnCritic(StepRewardModel):
 
     def _values(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
         cfg = params.credit.gae
-        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), cfg.batch_size, packing=cfg.packing)
+        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), cfg.batch_size, packing=cfg.packing,
+                                      max_tokens=cfg.micro_batch_tokens)
         return v.double().cpu().numpy()
 
     def score(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:

@@ -32,12 +32,12 @@ from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
-from pipeline.data.section import LoraSettings, Mode, Packing, Section
+from pipeline.data.section import FitBatching, LoraSettings, Mode
 from pipeline.data.seeds import stage_seed
 from pipeline.progress import Ticker
 
 
-class OprlConfig(Section):
+class OprlConfig(FitBatching):
     """Implicit PRM step rewards; the episode level is the shared `credit.episode`."""
     beta: float = Field(0.05, gt=0.0, description="β of the implicit reward")
     score: Literal["sum", "mean"] = Field("sum", description="episode score S: sum (paper) or mean over turns")
@@ -47,10 +47,6 @@ class OprlConfig(Section):
     lr: float = Field(1e-6, gt=0.0, description="PRM AdamW learning rate")
     steps: int = Field(1, ge=0, description="PRM optimiser steps per iteration")
     grad_clip: float = Field(10.0, gt=0.0)
-    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    packing: Packing = Field("none", description="tree: each forward pass of the PRM and of the "
-                                             "policy it is scored against as one prefix tree, the same sums and "
-                                             "gradient (docs/models.md, Tree packing)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
     report_drift: bool = Field(True, description="score the turns with the initial policy too, to report how far "
                                "the PRM and the policy have drifted from it (one more forward pass)")
@@ -66,16 +62,18 @@ def terms(t, cfg, episode) -> Terms:
 # ----------------------------------------------------------------------------------------------------------------
 # The implicit PRM
 
-def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int, packing: str = "none") -> np.ndarray:
+def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int, packing: str = "none",
+                      max_tokens: int | None = None) -> np.ndarray:
     """`Σ_{tokens of the response} log π(y|·)` per turn (float64), computed in fixed batches (each one prefix tree
-    with `packing` tree).
+    with `packing` tree; with `max_tokens` too, trees of at most that many tokens).
 
     The same function scores the PRM and the rollout policy, so that identical weights give identical sums and
     the implicit rewards are then exactly zero.
     """
     from pipeline.model.ppo import sequence_logprobs  # start-up cost: torch
 
-    per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size, packing=packing)
+    per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size, packing=packing,
+                                  max_tokens=max_tokens)
     return np.array([float(x.double().sum()) for x in per_token], dtype=np.float64)
 
 
@@ -127,7 +125,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     """
     import torch  # start-up cost: torch
 
-    from pipeline.model.packing import response_logprobs  # start-up cost: torch
+    from pipeline.model.packing import passes, response_logprobs  # start-up cost: torch
     from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
 
     n_eps = len(episode_group)
@@ -140,7 +138,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     n_pairs = 0
     ticker = Ticker(cfg.steps, every=1)
     for s in range(cfg.steps + 1):
-        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing)
+        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
         S = episode_scores(r, te, n_eps, cfg.score).requires_grad_(True)
         loss, n_pairs = pairwise_loss(S, group, success)
@@ -155,11 +153,12 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
             per_turn = per_turn / counts[turn_episode]
         optimizer.zero_grad(set_to_none=True)
         prm.train()
-        for b in range(0, len(prompts), cfg.batch_size):
-            logp, _, resp = response_logprobs(prm, prompts[b: b + cfg.batch_size], responses[b: b + cfg.batch_size],
-                                              pad_id, cfg.packing)
+        for part in passes(prompts, responses, list(range(len(prompts))), cfg.batch_size, cfg.packing,
+                           cfg.micro_batch_tokens):
+            logp, _, resp = response_logprobs(prm, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
+                                              cfg.packing)
             seq = (logp * resp.to(logp.device)).sum(1)
-            w = torch.as_tensor(per_turn[b: b + cfg.batch_size], dtype=seq.dtype, device=seq.device)
+            w = torch.as_tensor(per_turn[part], dtype=seq.dtype, device=seq.device)
             stepper.backward((seq * w).sum())
         stepper.step(f"OPRL PRM step {s}")
         prm.eval()
@@ -192,7 +191,8 @@ def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndar
     from pipeline.model.policy import load_policy  # start-up cost: torch
 
     model, tok = load_policy(path, params.policy.dtype, params.runtime.device, train=True)
-    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size, cfg.packing)
+    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size, cfg.packing,
+                            cfg.micro_batch_tokens)
     del model
     return out
 
@@ -248,7 +248,7 @@ class ImplicitPRM(StepRewardModel):
     def score(self, state: PrmState, b: PrmBatch, params) -> np.ndarray:
         cfg = params.credit.oprl
         sums = turn_logprob_sums(state.prm, b.prompts, b.responses, state.tokenizer.pad_token_id, cfg.batch_size,
-                                 cfg.packing)
+                                 cfg.packing, cfg.micro_batch_tokens)
         return cfg.beta * (sums - b.old_sums)
 
     def score_first(self, params) -> bool:

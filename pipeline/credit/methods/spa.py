@@ -28,7 +28,7 @@ from pydantic import Field
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.batches import minibatch_count, minibatches
-from pipeline.data.section import LoraSettings, Mode, Packing, Section
+from pipeline.data.section import FitBatching, LoraSettings, Mode
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
 from pipeline.model.scalar_head import ScalarHeadModel, pad_id
@@ -46,7 +46,7 @@ REPLAY = Table(pa.schema([           # the estimator's training window: the turn
 ]), contiguous=True, finite=("outcome",), empty_ok=True)
 
 
-class SpaConfig(Section):
+class SpaConfig(FitBatching):
     """A progress estimator whose turn contributions sum to the outcome; the episode level is the shared
     `credit.episode`."""
     progress_w: float = Field(1.0, ge=0.0)
@@ -58,10 +58,6 @@ class SpaConfig(Section):
     epochs: int = Field(2, ge=0, description="passes over the replay per iteration")
     episodes_per_batch: int = Field(16, ge=1, description="episodes per optimiser step")
     grad_clip: float = Field(1.0, gt=0.0)
-    batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
-    packing: Packing = Field("none", description="tree: each forward pass of the estimator as one "
-                                             "prefix tree, the same contributions and gradient (docs/models.md, Tree "
-                                             "packing)")
     mode: Mode = Field("mean_std_norm", description="normalisation of the step level")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters on the frozen body (and the head) "
                                       "instead of every weight of the estimator (null)")
@@ -82,9 +78,9 @@ class ProgressEstimator(ScalarHeadModel):
     kind = "progress estimator"
 
     def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False,
-                      packing: str = "none"):
+                      packing: str = "none", max_tokens: int | None = None):
         """c_t for each turn (prompt + response, in chunks: right-padded or prefix trees)."""
-        return self.values(prompts, responses, pad_id, batch_size, grad, packing)
+        return self.values(prompts, responses, pad_id, batch_size, grad, packing, max_tokens)
 
 
 def spa_loss(c, turn_episode, outcome):
@@ -121,7 +117,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             rows = [t for e in eps for t in turns_of[e]]
             local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
             c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
-                                  cfg.batch_size, grad=True, packing=cfg.packing)
+                                  cfg.batch_size, grad=True, packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
             loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
             stepper.minimize(loss, f"SPA estimator epoch {epoch}")
             batch_losses.append(float(loss.detach()))
@@ -210,7 +206,7 @@ class ProgressModel(StepRewardModel):
     def score(self, state: SpaState, b: SpaBatch, params) -> np.ndarray:
         cfg = params.credit.spa
         c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer), cfg.batch_size,
-                                          packing=cfg.packing)
+                                          packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
         return c.double().cpu().numpy()
 
     def diagnostics(self, state: SpaState, b: SpaBatch, scores, params) -> dict[str, float]:
