@@ -190,14 +190,16 @@ def paired_by_iteration(a: pl.DataFrame, b: pl.DataFrame | None = None) -> pl.Da
     its own iteration 0, the gain of training), paired by held-out task: columns iteration, tasks, a, b (their mean
     success on the tasks both played), diff (points) and ci_low, ci_high (the 95 % bootstrap interval over the
     tasks, `bootstrap_interval`, tasks in order of their id so a rerun draws the same resamples)."""
+    ours = set(a["iteration"].to_list())
+    if b is None:                       # each iteration against iteration 0 of the same run
+        b, iterations, against = a, sorted(ours - {0}) if 0 in ours else [], lambda it: 0
+    else:
+        iterations, against = sorted(ours & set(b["iteration"].to_list())), lambda it: it
     rows = []
-    base = b if b is not None else a.filter(pl.col("iteration") == 0)
-    iterations = sorted(set(a["iteration"].to_list()) & set(b["iteration"].to_list())) if b is not None else \
-        sorted(set(a["iteration"].to_list()) - {0} if base.height else set())
     for it in iterations:
         j = (a.filter(pl.col("iteration") == it).select("task_id", "success")
-             .join(base.filter(pl.col("iteration") == (it if b is not None else 0)).select("task_id", "success"),
-                   on="task_id", suffix="_b").sort("task_id"))
+             .join(b.filter(pl.col("iteration") == against(it)).select("task_id", "success"), on="task_id",
+                   suffix="_b").sort("task_id"))
         d = ((j["success"] - j["success_b"]).to_numpy() * 100.0)
         lo, hi = bootstrap_interval([d]) if len(d) else (float("nan"), float("nan"))
         rows.append({"iteration": it, "tasks": j.height, "a": j["success"].mean(), "b": j["success_b"].mean(),

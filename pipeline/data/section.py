@@ -36,14 +36,18 @@ class LoraSettings(Section):
         "head, as verl's and TRL's defaults)")
 
 
-def _tokens_need_trees(section):
-    if section.micro_batch_tokens is not None and section.packing != "tree":
-        raise ValueError(f"micro_batch_tokens {section.micro_batch_tokens} sizes prefix trees: set packing: tree, "
-                         "or size padded micro-batches with micro_batch_size")
-    return section
+class _TokenBudget(Section):
+    """A section with `packing` and `micro_batch_tokens`: a token budget sizes prefix trees only."""
+
+    @model_validator(mode="after")
+    def _tokens_need_trees(self):
+        if self.micro_batch_tokens is not None and self.packing != "tree":
+            raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
+                             "or size padded micro-batches with micro_batch_size")
+        return self
 
 
-class FitBatching(Section):
+class FitBatching(_TokenBudget):
     """How a learned step-reward model (a credit method's PRM, estimator or critic) runs turns through its network
     when it fits and scores them: memory and speed, not maths."""
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
@@ -54,12 +58,8 @@ class FitBatching(Section):
                                            "together; a longer turn goes alone) instead of batch_size turns, so "
                                            "memory is bounded by tokens however long the prompts are")
 
-    @model_validator(mode="after")
-    def _tokens_need_trees(self):
-        return _tokens_need_trees(self)
 
-
-class MicroBatching(Section):
+class MicroBatching(_TokenBudget):
     """How a batch of turns goes through the model in a training step (the update's minibatches, the warm start's
     batches): in micro-batches whose gradients are accumulated, padded or packed as prefix trees. Memory and speed,
     not maths: the loss stays the token mean over the whole batch."""
@@ -74,7 +74,3 @@ class MicroBatching(Section):
                                            "together; a longer turn goes alone), instead of micro_batch_size turns")
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
                                          "pass instead of keeping them (less memory, about a third more compute)")
-
-    @model_validator(mode="after")
-    def _tokens_need_trees(self):
-        return _tokens_need_trees(self)

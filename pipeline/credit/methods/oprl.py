@@ -137,6 +137,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     losses = []
     n_pairs = 0
     ticker = Ticker(cfg.steps, every=1)
+    parts = passes(prompts, responses, list(range(len(prompts))), cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
     for s in range(cfg.steps + 1):
         sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
@@ -153,8 +154,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
             per_turn = per_turn / counts[turn_episode]
         optimizer.zero_grad(set_to_none=True)
         prm.train()
-        for part in passes(prompts, responses, list(range(len(prompts))), cfg.batch_size, cfg.packing,
-                           cfg.micro_batch_tokens):
+        for part in parts:
             logp, _, resp = response_logprobs(prm, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
                                               cfg.packing)
             seq = (logp * resp.to(logp.device)).sum(1)
