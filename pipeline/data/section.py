@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,17 +39,20 @@ class LoraSettings(Section):
 class _TokenBudget(Section):
     """A section with `packing` and `micro_batch_tokens`: a token budget sizes prefix trees only."""
 
+    _padded_size_key: ClassVar[str]   # the key that sizes this section's padded batches
+
     @model_validator(mode="after")
     def _tokens_need_trees(self):
         if self.micro_batch_tokens is not None and self.packing != "tree":
             raise ValueError(f"micro_batch_tokens {self.micro_batch_tokens} sizes prefix trees: set packing: tree, "
-                             "or size padded micro-batches with micro_batch_size")
+                             f"or size padded batches with {self._padded_size_key}")
         return self
 
 
 class FitBatching(_TokenBudget):
     """How a learned step-reward model (a credit method's PRM, estimator or critic) runs turns through its network
     when it fits and scores them: memory and speed, not maths."""
+    _padded_size_key: ClassVar[str] = "batch_size"
     batch_size: int = Field(64, ge=1, description="turns per forward pass (memory, not maths)")
     packing: Packing = Field("none", description="tree: each forward pass as one prefix tree, each distinct prefix "
                              "computed once, the same values and gradient (docs/models.md, Tree packing)")
@@ -63,6 +66,7 @@ class MicroBatching(_TokenBudget):
     """How a batch of turns goes through the model in a training step (the update's minibatches, the warm start's
     batches): in micro-batches whose gradients are accumulated, padded or packed as prefix trees. Memory and speed,
     not maths: the loss stays the token mean over the whole batch."""
+    _padded_size_key: ClassVar[str] = "micro_batch_size"
     micro_batch_size: int | None = Field(None, ge=1, description="turns per forward/backward pass; a batch's "
                                          "gradients are accumulated over its micro-batches, with the same token-mean "
                                          "loss (memory, not maths; null: the whole batch at once)")

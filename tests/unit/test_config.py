@@ -61,9 +61,10 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     ({"credit": {"grpo": {"mode": "mean_norm"}}}, "set credit.episode.mode"),
     ({"runtime": {"update_sharding": "zero3"}}, "key 'runtime.update_sharding'"),
     ({"update": {"packing": "trie"}}, "key 'update.packing'"),
-    ({"update": {"micro_batch_tokens": 2048}}, "micro_batch_tokens 2048 sizes prefix trees: set packing: tree"),
+    ({"update": {"micro_batch_tokens": 2048}}, "micro_batch_tokens 2048 sizes prefix trees: set packing: tree, "
+     "or size padded batches with micro_batch_size"),
     ({"credit": {"gae": {"micro_batch_tokens": 4096}}}, "key 'credit.gae': micro_batch_tokens 4096 sizes prefix "
-     "trees: set packing: tree"),
+     "trees: set packing: tree, or size padded batches with batch_size"),
     ({"runtime": {"update_sharding": "fsdp", "update_processes": 2}, "policy": {"dtype": "float16"}},
      "runtime.update_sharding: fsdp does not scale fp16 losses across shards; use policy.dtype bfloat16"),
 ])

@@ -29,6 +29,7 @@ from pipeline.credit.base import EPS
 from pipeline.credit.methods import compute_advantages
 from pipeline.credit.methods.gae import Critic, GaeBatch, GaeState, TurnCritic, explained_variance, gae, value_loss
 from pipeline.credit.reward_model import fit_iteration
+from pipeline.data.section import FitBatching
 from tests.conftest import PAD, batch, counting_packs, tiny_llama
 
 EPISODES = {0: (0, [0.0, 0.0, 1.0], [0.5, 0.2, 0.4]), 1: (0, [1.0, -1.0], [0.8, 1.0]), 2: (1, [2.0], [0.5])}
@@ -181,7 +182,8 @@ def test_a_lora_critic_trains_adapters_and_head_only(tmp_path):
     state.critic.save(tmp_path / "critic")
     again = Critic.load(tmp_path / "critic")
     b = GaeBatch(steps["prompt_ids"].to_list(), None, None, None, 0)
-    assert torch.allclose(again.state_values(b.prompts, PAD, 5), state.critic.state_values(b.prompts, PAD, 16),
+    assert torch.allclose(again.state_values(b.prompts, PAD, FitBatching(batch_size=5)),
+                          state.critic.state_values(b.prompts, PAD, FitBatching(batch_size=16)),
                           atol=1e-5)
 
 
@@ -217,7 +219,8 @@ def test_the_critic_packed_or_not_fits_and_scores_alike(tmp_path, monkeypatch):
         p = gae_params(epochs=3, minibatch_size=12, lr=3e-3, value_clip=None, batch_size=16, packing=packing)
         state = critic_state(tmp_path / packing, lr=3e-3)
         _, stats = fit_iteration(TurnCritic(), state, steps, None, None, 1, p)
-        out[packing] = stats, state.critic.state_values(steps["prompt_ids"].to_list(), PAD, 16, packing=packing)
+        out[packing] = stats, state.critic.state_values(steps["prompt_ids"].to_list(), PAD,
+                                                         FitBatching(batch_size=16, packing=packing))
     assert packs and max(packs) <= 16
     (s0, v0), (s1, v1) = out["none"], out["tree"]
     assert s1 == pytest.approx(s0, rel=1e-5) and s0["critic_loss_after"] < s0["critic_loss_before"]

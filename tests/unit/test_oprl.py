@@ -10,6 +10,7 @@ import torch
 
 from pipeline.credit.base import EPS
 from pipeline.credit.methods.oprl import OprlConfig, episode_scores, pairwise_loss, prm_update, turn_logprob_sums
+from pipeline.data.section import FitBatching
 from tests.conftest import PAD, batch, tiny_llama
 from tests.unit.test_credit_methods import AE0, AE1, PER_EPISODE_STD, advantages
 
@@ -52,8 +53,8 @@ def test_oprl_step_rewards_are_exactly_zero_while_the_prm_is_the_rollout_policy(
     policy = tiny_llama()
     prm = copy.deepcopy(policy)
     prompts, responses, *_ = batch()
-    old = turn_logprob_sums(policy, prompts, responses, PAD, batch_size=5)
-    r = 0.05 * (turn_logprob_sums(prm, prompts, responses, PAD, batch_size=5) - old)
+    old = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=5))
+    r = 0.05 * (turn_logprob_sums(prm, prompts, responses, PAD, FitBatching(batch_size=5)) - old)
     assert (r == 0.0).all() and (old != 0).all()
 
 
@@ -61,14 +62,14 @@ def test_oprl_prm_loss_falls_and_its_rewards_then_separate_successes():
     policy = tiny_llama()
     prm = copy.deepcopy(policy)
     prompts, responses, turn_ep, ep_group, ep_success = batch()
-    old = turn_logprob_sums(policy, prompts, responses, PAD, batch_size=8)
+    old = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=8))
     cfg = OprlConfig(beta=0.5, lr=3e-3, steps=25, batch_size=8)
     opt = torch.optim.AdamW(prm.parameters(), lr=cfg.lr)
     stats = prm_update(prm, opt, prompts, responses, old, turn_ep, ep_group, ep_success, cfg, PAD)
     assert stats["pairs"] == 2 * 2 * 2                      # 2 successes x 2 failures in each of 2 groups
     assert stats["prm_loss_before"] == pytest.approx(math.log(2))  # PRM = policy: every S is 0
     assert stats["prm_loss_after"] < 0.5 * stats["prm_loss_before"]
-    r = 0.5 * (turn_logprob_sums(prm, prompts, responses, PAD, 8) - old)
+    r = 0.5 * (turn_logprob_sums(prm, prompts, responses, PAD, FitBatching(batch_size=8)) - old)
     S = np.bincount(turn_ep, weights=r)
     assert S[ep_success].min() > S[~ep_success].max()
 
@@ -82,14 +83,15 @@ def test_oprl_lora_prm_starts_at_the_policy_and_trains_adapters_only():
     policy = tiny_llama()
     prm = with_lora(copy.deepcopy(policy), LoraSettings(r=4, alpha=8), seed=0)
     prompts, responses, turn_ep, ep_group, ep_success = batch()
-    old = turn_logprob_sums(policy, prompts, responses, PAD, batch_size=8)
-    assert (turn_logprob_sums(prm, prompts, responses, PAD, batch_size=8) == old).all()
+    old = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=8))
+    assert (turn_logprob_sums(prm, prompts, responses, PAD, FitBatching(batch_size=8)) == old).all()
     cfg = OprlConfig(beta=0.5, lr=3e-2, steps=25, batch_size=8)
     opt = torch.optim.AdamW([q for q in prm.parameters() if q.requires_grad], lr=cfg.lr)
     stats = prm_update(prm, opt, prompts, responses, old, turn_ep, ep_group, ep_success, cfg, PAD)
     assert stats["prm_loss_before"] == pytest.approx(math.log(2))
     assert stats["prm_loss_after"] < 0.5 * stats["prm_loss_before"]
-    S = np.bincount(turn_ep, weights=0.5 * (turn_logprob_sums(prm, prompts, responses, PAD, 8) - old))
+    r = 0.5 * (turn_logprob_sums(prm, prompts, responses, PAD, FitBatching(batch_size=8)) - old)
+    S = np.bincount(turn_ep, weights=r)
     assert S[ep_success].min() > S[~ep_success].max()
     frozen = dict(policy.named_parameters())
     for name, w in prm.named_parameters():
@@ -102,7 +104,7 @@ def test_oprl_gradient_through_chunks_equals_one_big_batch():
     """The chunked two-pass gradient of prm_update is the exact gradient of the pairwise loss."""
     policy = tiny_llama()
     prompts, responses, turn_ep, ep_group, ep_success = batch(turns=3)
-    old = turn_logprob_sums(policy, prompts, responses, PAD, batch_size=64)
+    old = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=64))
     grads = []
     for chunk in (3, 64):
         prm = copy.deepcopy(policy)
@@ -140,8 +142,9 @@ def test_oprl_sums_and_prm_gradient_are_alike_packed_or_not(monkeypatch):
     policy = tiny_llama()
     prompts, responses, turn_ep, ep_group, ep_success = batch(turns=3)
     prompts = [[3, 4, 5, 6] + p for p in prompts]                # a shared system prefix
-    old = turn_logprob_sums(policy, prompts, responses, PAD, 8)
-    assert np.abs(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree") - old).max() <= 1e-5
+    old = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=8))
+    packed = turn_logprob_sums(policy, prompts, responses, PAD, FitBatching(batch_size=8, packing="tree"))
+    assert np.abs(packed - old).max() <= 1e-5
     grads, packs, trees = {}, {}, tree_sizes(monkeypatch)
     budget = 3 * max(len(p) + len(r) for p, r in zip(prompts, responses))
     for packing, tokens in (("none", None), ("tree", None), ("tree", budget)):
@@ -161,7 +164,9 @@ def test_oprl_sums_and_prm_gradient_are_alike_packed_or_not(monkeypatch):
     assert none.abs().max() > 1e-4
     for key in (("tree", None), ("tree", budget)):
         assert (grads[key] - none).abs().max() <= 1e-5 * none.abs().max()
-    assert np.abs(turn_logprob_sums(policy, prompts, responses, PAD, 8, "tree", budget) - old).max() <= 1e-5
+    packed = turn_logprob_sums(policy, prompts, responses, PAD,
+                               FitBatching(batch_size=8, packing="tree", micro_batch_tokens=budget))
+    assert np.abs(packed - old).max() <= 1e-5
 
 
 def tree_sizes(monkeypatch) -> list[tuple[int, int]]:

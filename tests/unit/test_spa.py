@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.credit.methods.spa import ProgressEstimator, SpaConfig, spa_loss, train_progress
+from pipeline.data.section import FitBatching
 from tests.conftest import PAD, ROOT, batch, counting_packs, tiny_llama
 from tests.unit.test_credit_methods import advantages
 
@@ -42,17 +43,17 @@ def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
     est = ProgressEstimator.from_policy(tmp_path / "policy")
     prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=6, turns=3)
     outcome = ep_success.astype(np.float64)
-    assert (est.contributions(prompts, responses, PAD, 16) == 0).all()     # zero head: c_t = 0
+    assert (est.contributions(prompts, responses, PAD, FitBatching(batch_size=16)) == 0).all()     # zero head: c_t = 0
     cfg = SpaConfig(lr=3e-3, epochs=30, episodes_per_batch=6, batch_size=16)
     opt = torch.optim.AdamW(est.parameters(), lr=cfg.lr)
     stats = train_progress(est, opt, prompts, responses, turn_ep, outcome, cfg, PAD, seed=0)
     first, last = stats["estimator_loss_epoch_0"], stats[f"estimator_loss_epoch_{cfg.epochs - 1}"]
     assert first == pytest.approx(0.5, abs=0.05)            # (0 - 1)^2 for half the episodes at the start
     assert last < 0.25 * first
-    c = est.contributions(prompts, responses, PAD, 16)
+    c = est.contributions(prompts, responses, PAD, FitBatching(batch_size=16))
     est.save(tmp_path / "est")
     again = ProgressEstimator.load(tmp_path / "est")
-    assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
+    assert torch.allclose(again.contributions(prompts, responses, PAD, FitBatching(batch_size=5)), c, atol=1e-5)
 
 
 def test_spa_estimator_batches_are_near_equal(tmp_path, monkeypatch):
@@ -122,14 +123,14 @@ def test_spa_estimator_with_lora_trains_adapters_and_head_only(tmp_path):
         else:
             assert torch.equal(w, frozen[name.removeprefix("base_model.model.").replace(".base_layer", "")]), name
     assert moved > 0
-    c = est.contributions(prompts, responses, PAD, 16)
+    c = est.contributions(prompts, responses, PAD, FitBatching(batch_size=16))
     est.save(tmp_path / "reward_model")
     saved = tmp_path / "reward_model"
     assert not (saved / "model.safetensors").exists() and (saved / "adapter_model.safetensors").is_file()
     assert json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"] == "../policy"
     again = ProgressEstimator.load(saved)
     assert again.base == (tmp_path / "policy").resolve()
-    assert torch.allclose(again.contributions(prompts, responses, PAD, 5), c, atol=1e-5)
+    assert torch.allclose(again.contributions(prompts, responses, PAD, FitBatching(batch_size=5)), c, atol=1e-5)
     assert {n for n, q in again.modules.named_parameters() if q.requires_grad} == trainable
 
 
@@ -147,7 +148,7 @@ def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradie
                                ep_success.astype(np.float64), cfg, PAD, seed=0)
         for q in est.parameters():
             q.grad = None
-        c = est.contributions(prompts, responses, PAD, 16, grad=True, packing=packing)
+        c = est.contributions(prompts, responses, PAD, FitBatching(batch_size=16, packing=packing), grad=True)
         (c * torch.linspace(-1, 1, len(c))).sum().backward()
         grad = torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
         fits[packing] = stats, c.detach(), grad
@@ -161,7 +162,8 @@ def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradie
                            ep_success.astype(np.float64), cfg, PAD, seed=0)
     for q in est.parameters():
         q.grad = None
-    c = est.contributions(prompts, responses, PAD, 16, grad=True, packing="tree", max_tokens=budget)
+    c = est.contributions(prompts, responses, PAD,
+                          FitBatching(batch_size=16, packing="tree", micro_batch_tokens=budget), grad=True)
     (c * torch.linspace(-1, 1, len(c))).sum().backward()
     fits["budget"] = stats, c.detach(), torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
     assert len(packs) - 15 > 15          # more, smaller trees than chunks of 16 turns

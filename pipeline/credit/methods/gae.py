@@ -92,10 +92,10 @@ class Critic(ScalarHeadModel):
     head_file = "value_head.pt"
     kind = "critic"
 
-    def state_values(self, prompts, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none",
-                     max_tokens: int | None = None):
+    def state_values(self, prompts, pad_id: int, batching: FitBatching, grad: bool = False):
         """V(s_t) for each turn's prompt (the state before its response)."""
-        return self.values(prompts, [[] for _ in prompts], pad_id, batch_size, grad, packing, max_tokens)
+        return self.values(prompts, [[] for _ in prompts], pad_id, batching.batch_size, grad, batching.packing,
+                           batching.micro_batch_tokens)
 
 
 def value_loss(v, v_old, target, clip: float | None):
@@ -135,8 +135,7 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for rows in minibatches(order, cfg.minibatch_size):
-            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg.batch_size, grad=True,
-                                    packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
+            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg, grad=True)
             idx = torch.tensor(rows)
             loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
             stepper.minimize(loss, f"GAE critic epoch {epoch}")
@@ -204,8 +203,7 @@ class TurnCritic(StepRewardModel):
 
     def _values(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:
         cfg = params.credit.gae
-        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), cfg.batch_size, packing=cfg.packing,
-                                      max_tokens=cfg.micro_batch_tokens)
+        v = state.critic.state_values(b.prompts, pad_id(state.tokenizer), cfg)
         return v.double().cpu().numpy()
 
     def score(self, state: GaeState, b: GaeBatch, params) -> np.ndarray:

@@ -62,18 +62,18 @@ def terms(t, cfg, episode) -> Terms:
 # ----------------------------------------------------------------------------------------------------------------
 # The implicit PRM
 
-def turn_logprob_sums(model, prompts, responses, pad_id: int, batch_size: int, packing: str = "none",
-                      max_tokens: int | None = None) -> np.ndarray:
-    """`Σ_{tokens of the response} log π(y|·)` per turn (float64), computed in fixed batches (each one prefix tree
-    with `packing` tree; with `max_tokens` too, trees of at most that many tokens).
+def turn_logprob_sums(model, prompts, responses, pad_id: int, batching: FitBatching) -> np.ndarray:
+    """`Σ_{tokens of the response} log π(y|·)` per turn (float64), computed in passes of `batching.batch_size`
+    turns (each one prefix tree with `packing` tree; with `micro_batch_tokens` too, trees of at most that many
+    tokens).
 
     The same function scores the PRM and the rollout policy, so that identical weights give identical sums and
     the implicit rewards are then exactly zero.
     """
     from pipeline.model.ppo import sequence_logprobs  # start-up cost: torch
 
-    per_token = sequence_logprobs(model, prompts, responses, pad_id, batch_size, packing=packing,
-                                  max_tokens=max_tokens)
+    per_token = sequence_logprobs(model, prompts, responses, pad_id, batching.batch_size, packing=batching.packing,
+                                  max_tokens=batching.micro_batch_tokens)
     return np.array([float(x.double().sum()) for x in per_token], dtype=np.float64)
 
 
@@ -139,7 +139,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     ticker = Ticker(cfg.steps, every=1)
     parts = passes(prompts, responses, list(range(len(prompts))), cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
     for s in range(cfg.steps + 1):
-        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
+        sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
         S = episode_scores(r, te, n_eps, cfg.score).requires_grad_(True)
         loss, n_pairs = pairwise_loss(S, group, success)
@@ -191,8 +191,7 @@ def _sums_of(path: Path, batch_prompts, batch_responses, params, cfg) -> np.ndar
     from pipeline.model.policy import load_policy  # start-up cost: torch
 
     model, tok = load_policy(path, params.policy.dtype, params.runtime.device, train=True)
-    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg.batch_size, cfg.packing,
-                            cfg.micro_batch_tokens)
+    out = turn_logprob_sums(model, batch_prompts, batch_responses, tok.pad_token_id, cfg)
     del model
     return out
 
@@ -247,8 +246,7 @@ class ImplicitPRM(StepRewardModel):
 
     def score(self, state: PrmState, b: PrmBatch, params) -> np.ndarray:
         cfg = params.credit.oprl
-        sums = turn_logprob_sums(state.prm, b.prompts, b.responses, state.tokenizer.pad_token_id, cfg.batch_size,
-                                 cfg.packing, cfg.micro_batch_tokens)
+        sums = turn_logprob_sums(state.prm, b.prompts, b.responses, state.tokenizer.pad_token_id, cfg)
         return cfg.beta * (sums - b.old_sums)
 
     def score_first(self, params) -> bool:

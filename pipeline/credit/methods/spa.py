@@ -77,10 +77,10 @@ class ProgressEstimator(ScalarHeadModel):
     head_file = HEAD_FILE
     kind = "progress estimator"
 
-    def contributions(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False,
-                      packing: str = "none", max_tokens: int | None = None):
-        """c_t for each turn (prompt + response, in chunks: right-padded or prefix trees)."""
-        return self.values(prompts, responses, pad_id, batch_size, grad, packing, max_tokens)
+    def contributions(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
+        """c_t for each turn (prompt + response, in passes: right-padded or prefix trees)."""
+        return self.values(prompts, responses, pad_id, batching.batch_size, grad, batching.packing,
+                           batching.micro_batch_tokens)
 
 
 def spa_loss(c, turn_episode, outcome):
@@ -117,7 +117,7 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
             rows = [t for e in eps for t in turns_of[e]]
             local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
             c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
-                                  cfg.batch_size, grad=True, packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
+                                  cfg, grad=True)
             loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
             stepper.minimize(loss, f"SPA estimator epoch {epoch}")
             batch_losses.append(float(loss.detach()))
@@ -205,8 +205,7 @@ class ProgressModel(StepRewardModel):
 
     def score(self, state: SpaState, b: SpaBatch, params) -> np.ndarray:
         cfg = params.credit.spa
-        c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer), cfg.batch_size,
-                                          packing=cfg.packing, max_tokens=cfg.micro_batch_tokens)
+        c = state.estimator.contributions(b.prompts, b.responses, pad_id(state.tokenizer), cfg)
         return c.double().cpu().numpy()
 
     def diagnostics(self, state: SpaState, b: SpaBatch, scores, params) -> dict[str, float]:
