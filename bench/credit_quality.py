@@ -19,6 +19,12 @@ nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_it
 credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift), credit_quality.png and
 credit_quality_turns.parquet (each method's terms for each turn beside the oracle's label and distance: the rows
 behind an AUC, to see which turns a method ranks wrong).
+
+Beside the methods, credit_quality_baselines.csv scores two rankings that know nothing of credit, on the same
+turns: `turns_left` (the number of turns after a turn in its episode) and `turns_left_then_success` (the same, ties
+broken by the episode's success). Where the oracle's labels follow a turn's position (in the search environment
+nearly every search is good and the final answer is wrong more often than not), these reach a high AUC alone, and a
+method's AUC means something only above them.
 """
 
 from __future__ import annotations
@@ -79,6 +85,22 @@ def fitted_scores(run: Path, params, iterations: list[int], method: str,
     return out, stats
 
 
+def position_baselines(labelled: pl.DataFrame) -> list[dict]:
+    """ROC-AUC of rankings by position alone over the judged turns of `labelled` (a step table with the oracle's
+    `good`): the turns left in the episode after each turn, and the same with ties broken by the episode's success
+    (+0.5 on the turns of a successful episode, below one turn's step, so position decides first)."""
+    left = pl.col("step").max().over("episode_id") - pl.col("step")
+    judged = labelled.with_columns(left.alias("turns_left")).filter(pl.col("good").is_not_null())
+    rows = []
+    for name, score in (("turns_left", pl.col("turns_left").cast(pl.Float64)),
+                        ("turns_left_then_success", pl.col("turns_left") + 0.5 * pl.col("success").cast(pl.Float64))):
+        row = {"baseline": name, "auc": roc_auc(judged.select(score).to_series().to_numpy(), judged["good"].to_numpy())}
+        valid = judged.filter(pl.col("action_valid"))
+        row["auc_valid"] = roc_auc(valid.select(score).to_series().to_numpy(), valid["good"].to_numpy())
+        rows.append(row)
+    return rows
+
+
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
     params = with_overrides(load_params(params_file), list(sets))
@@ -99,6 +121,9 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     n_bad = int((labelled["good"] == 0).sum())
     print(f"{labelled.height} turns of iterations {iterations[0]}..{iterations[-1]}: {n_good} good, {n_bad} bad, "
           f"{labelled.height - n_good - n_bad} neutral", flush=True)
+    baselines = position_baselines(labelled)
+    print("rankings by position alone: " + "; ".join(f"{b['baseline']} ROC-AUC {b['auc']:.3f} (valid turns alone "
+                                                     f"{b['auc_valid']:.3f})" for b in baselines), flush=True)
     rows, by_iteration, fit_stats, turns = [], [], [], []
     for method in methods:
         scores, kind = {}, None
@@ -127,16 +152,18 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     per_it_df = pl.DataFrame(by_iteration, infer_schema_length=None)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / "credit_quality.csv", out_dir / "credit_quality_by_iteration.csv",
-             out_dir / "credit_quality.png"]
+             out_dir / "credit_quality.png", out_dir / "credit_quality_baselines.csv"]
     write_text_atomic(files[0], df.write_csv())
     write_text_atomic(files[1], per_it_df.write_csv())
+    write_text_atomic(files[3], pl.DataFrame(baselines).write_csv())
     files.append(out_dir / "credit_quality_turns.parquet")
     with atomic_file(files[-1]) as tmp:
         pl.concat(turns).write_parquet(tmp)
     if fit_stats:
         files.append(out_dir / "credit_quality_fit.csv")
         write_text_atomic(files[-1], pl.DataFrame(fit_stats, infer_schema_length=None).write_csv())
-    plot(df, per_it_df, files[2], f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
+    plot(df, per_it_df, files[2], f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}",
+         baselines)
     print("wrote " + ", ".join(str(f) for f in files))
     if log:
 
@@ -148,6 +175,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
                             f"{r['method']}_share_nonzero_step_signal": r["share_nonzero_step_signal"]})
             if r.get("auc_score") is not None:
                 metrics[f"{r['method']}_auc_score"] = r["auc_score"]
+        metrics.update({f"baseline_{b['baseline']}_auc": b["auc"] for b in baselines})
         log_run("credit_quality", {"run": str(run_dir.resolve()), "params": str(params_file.resolve()),
                                    "iterations": f"{iterations[0]}-{iterations[-1]}", "turns": labelled.height,
                                    "good": n_good, "bad": n_bad, "set": " ".join(sets)},
@@ -155,7 +183,7 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     return df
 
 
-def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> None:
+def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str, baselines: list[dict] = ()) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=120)
@@ -164,7 +192,10 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> N
     axes[0].bar(x + 0.2, df["auc_step_term"].fill_nan(0.5).to_numpy(), width=0.4, color="tab:green",
                 label="step term alone")
     axes[0].set_ylabel("ROC-AUC vs oracle (good vs bad turns)")
-    axes[0].legend(fontsize=7)
+    for b, style in zip(baselines, (":", "-.")):
+        if not math.isnan(b["auc"]):
+            axes[0].axhline(b["auc"], color="tab:red", lw=1.0, ls=style, label=f"{b['baseline']} (no credit)")
+    axes[0].legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     for method in per_it["method"].unique(maintain_order=True).to_list():
         d = per_it.filter(pl.col("method") == method)
         if d["share_nonzero_step_signal"].max() > 0:
@@ -183,7 +214,7 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str) -> N
     for ax in axes:
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Credit quality on identical rollouts ({subtitle})", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, tight_box=True)
 
 
 def main(argv=None) -> None:

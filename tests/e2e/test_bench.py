@@ -66,6 +66,21 @@ def test_roc_auc_by_hand():
     assert math.isnan(credit_quality.roc_auc(np.array([1.0, 2.0]), np.array([1, 1])))   # no bad turn
 
 
+def test_position_baselines_by_hand():
+    """Episode 0 succeeds (a good search, a neutral one, a right answer); episode 1 fails (a good search, a wrong
+    answer); episode 2 fails (an invalid turn, a wrong answer). Judged: good at turns left 2, 0, 1; bad at 0, 1, 0."""
+    labelled = pl.DataFrame({"episode_id": [0, 0, 0, 1, 1, 2, 2], "step": [0, 1, 2, 0, 1, 0, 1],
+                             "good": [1, None, 1, 1, 0, 0, 0], "success": [True] * 3 + [False] * 4,
+                             "action_valid": [True] * 5 + [False, True]})
+    rows = {r["baseline"]: r for r in credit_quality.position_baselines(labelled)}
+    # turns left: of the 9 (good, bad) pairs 2 beats all three bad, 1 beats two and ties one, 0 ties two: 6.5 / 9
+    assert rows["turns_left"]["auc"] == pytest.approx(6.5 / 9)
+    assert rows["turns_left"]["auc_valid"] == pytest.approx(5 / 6)        # without the invalid turn (1 left)
+    # success breaks ties: the good scores 2.5, 0.5, 1 against bad 0, 1, 0 -> 3 + 2 + 2.5 of 9
+    assert rows["turns_left_then_success"]["auc"] == pytest.approx(7.5 / 9)
+    assert rows["turns_left_then_success"]["auc_valid"] == 1.0
+
+
 @pytest.mark.e2e
 def test_credit_quality_smoke(grpo_run, tmp_path):
     out = tmp_path / "bench"
@@ -77,6 +92,8 @@ def test_credit_quality_smoke(grpo_run, tmp_path):
     assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
     assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHOD_NAMES)
     assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
+    baselines = pl.read_csv(out / "credit_quality_baselines.csv")
+    assert baselines["baseline"].to_list() == ["turns_left", "turns_left_then_success"]
     turns = pl.read_parquet(out / "credit_quality_turns.parquet")   # the rows behind each AUC
     assert turns.height == len(METHOD_NAMES) * rows["grpo"]["turns"]
     for m in METHOD_NAMES:
