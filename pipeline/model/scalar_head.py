@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.data.section import FitBatching
+
 
 def pad_id(tokenizer) -> int:
     """The id that pads a batch for these models: the tokenizer's pad token, else its EOS."""
@@ -127,17 +129,18 @@ class ScalarHeadModel:
         last = torch.stack([path[-1] for path in tree.paths]).to(device)
         return self.head(hidden[last].float()).squeeze(-1)
 
-    def values(self, prompts, responses, pad_id: int, batch_size: int, grad: bool = False, packing: str = "none",
-               max_tokens: int | None = None):
+    def values(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
         """One value per sequence `prompt + response` (an empty response: the prompt's last token), in the order
-        given, computed in chunks of `batch_size`: right-padded, or (`packing` tree) each chunk one prefix tree;
-        with `max_tokens` too, trees of at most that many tokens (`pipeline.model.packing.passes`)."""
+        given, computed in chunks of `batching.batch_size`: right-padded, or (`packing` tree) each chunk one prefix
+        tree; with `micro_batch_tokens` too, trees of at most that many tokens (`pipeline.model.packing.passes`)."""
         import torch  # start-up cost: torch
 
         from pipeline.model.packing import passes  # start-up cost: torch
         from pipeline.model.policy import pad_batch  # start-up cost: torch
 
-        parts = passes(prompts, responses, list(range(len(prompts))), batch_size, packing, max_tokens)
+        packing = batching.packing
+        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, packing,
+                       batching.micro_batch_tokens)
         out = []
         with torch.set_grad_enabled(grad):
             for part in parts:

@@ -94,8 +94,7 @@ class Critic(ScalarHeadModel):
 
     def state_values(self, prompts, pad_id: int, batching: FitBatching, grad: bool = False):
         """V(s_t) for each turn's prompt (the state before its response)."""
-        return self.values(prompts, [[] for _ in prompts], pad_id, batching.batch_size, grad, batching.packing,
-                           batching.micro_batch_tokens)
+        return self.values(prompts, [[] for _ in prompts], pad_id, batching, grad)
 
 
 def value_loss(v, v_old, target, clip: float | None):

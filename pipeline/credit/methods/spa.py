@@ -79,8 +79,7 @@ class ProgressEstimator(ScalarHeadModel):
 
     def contributions(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
         """c_t for each turn (prompt + response, in passes: right-padded or prefix trees)."""
-        return self.values(prompts, responses, pad_id, batching.batch_size, grad, batching.packing,
-                           batching.micro_batch_tokens)
+        return self.values(prompts, responses, pad_id, batching, grad)
 
 
 def spa_loss(c, turn_episode, outcome):
