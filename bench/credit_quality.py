@@ -91,14 +91,12 @@ def position_baselines(labelled: pl.DataFrame) -> list[dict]:
     (+0.5 on the turns of a successful episode, below one turn's step, so position decides first)."""
     left = pl.col("step").max().over("episode_id") - pl.col("step")
     judged = labelled.with_columns(left.alias("turns_left")).filter(pl.col("good").is_not_null())
-    rows = []
-    for name, score in (("turns_left", pl.col("turns_left").cast(pl.Float64)),
-                        ("turns_left_then_success", pl.col("turns_left") + 0.5 * pl.col("success").cast(pl.Float64))):
-        row = {"baseline": name, "auc": roc_auc(judged.select(score).to_series().to_numpy(), judged["good"].to_numpy())}
-        valid = judged.filter(pl.col("action_valid"))
-        row["auc_valid"] = roc_auc(valid.select(score).to_series().to_numpy(), valid["good"].to_numpy())
-        rows.append(row)
-    return rows
+    valid = judged.filter(pl.col("action_valid"))
+    auc = lambda t, score: roc_auc(t.select(score).to_series().to_numpy(), t["good"].to_numpy())  # noqa: E731
+    return [{"baseline": name, "auc": auc(judged, score), "auc_valid": auc(valid, score)}
+            for name, score in (("turns_left", pl.col("turns_left").cast(pl.Float64)),
+                                ("turns_left_then_success",
+                                 pl.col("turns_left") + 0.5 * pl.col("success").cast(pl.Float64)))]
 
 
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
