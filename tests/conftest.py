@@ -84,6 +84,13 @@ def sh(args, cwd, timeout=900) -> str:
     return r.stdout + r.stderr
 
 
+def stage_cli(d: Path, name: str, it: int | None = None, timeout: int = 900) -> str:
+    """Run stage `name` (of iteration `it`) in run folder `d` as the workflow does; its output, or the test fails
+    with it and the stages' logs."""
+    cmd = [sys.executable, "-m", f"stages.{name}", "--params", "params.yaml"]
+    return sh(cmd + (["--iteration", str(it)] if it is not None else []), d, timeout)
+
+
 def dvc_repo(d: Path, **changes) -> Path:
     """A fresh git + DVC repository in `d` holding the pipeline's code, the tiny params (one iteration, every
     section written out: DVC reads each stage's params from the file) with `changes` merged into their sections,

@@ -6,8 +6,6 @@ What a real model adds over the tiny one: its own chat template in every prompt,
 the engine's sampled log-probs against the trainer's on 30 layers."""
 
 import json
-import subprocess
-import sys
 
 import polars as pl
 import pytest
@@ -16,7 +14,7 @@ import yaml
 
 from pipeline.data import tables
 from pipeline.model.policy import load_policy, pad_batch, token_logprobs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("smollm2")]   # one worker builds the run once
 SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,15 +27,6 @@ def smollm2_installed():
 
 TEMPERATURE = 0.9
 MAX_NEW = 10
-
-
-def stage(d, name, it=None, timeout=900):
-    cmd = [sys.executable, "-m", f"stages.{name}", "--params", "params.yaml"]
-    if it is not None:
-        cmd += ["--iteration", str(it)]
-    r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r.stdout + r.stderr
 
 
 def params(engine: str) -> dict:
@@ -58,11 +47,11 @@ def run(tmp_path_factory):
     (the two engines' samplers on one real model, at the cost of one run)."""
     d = tmp_path_factory.mktemp("smollm2")
     (d / "params.yaml").write_text(yaml.safe_dump(params("vllm")))
-    logs = {"init": stage(d, "init")}
+    logs = {"init": stage_cli(d, "init")}
     for name in ("rollout", "group", "advantages", "update"):
-        logs[name] = stage(d, name, 1)
+        logs[name] = stage_cli(d, name, 1)
     (d / "params.yaml").write_text(yaml.safe_dump(params("hf")))
-    logs["evaluate"] = stage(d, "evaluate", 1)
+    logs["evaluate"] = stage_cli(d, "evaluate", 1)
     return d, logs
 
 

@@ -7,8 +7,6 @@ configuration's, which the sampler reports as a params error."""
 import json
 import math
 import re
-import subprocess
-import sys
 
 import polars as pl
 import pytest
@@ -17,7 +15,7 @@ import yaml
 
 from pipeline.data import tables
 from pipeline.model.policy import load_policy, pad_batch, token_logprobs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm")]   # one worker starts the run once
 
@@ -30,15 +28,6 @@ def vllm_installed():
     assert importlib.util.find_spec("vllm"), "vLLM is not installed: run scripts/install-vllm"
 
 
-def stage(d, name, it=None, timeout=900):
-    cmd = [sys.executable, "-m", f"stages.{name}", "--params", "params.yaml"]
-    if it is not None:
-        cmd += ["--iteration", str(it)]
-    r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
-
-
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("vllm")
@@ -49,11 +38,11 @@ def vllm_run(tmp_path_factory):
                              branching={"mode": "entropy", "threshold": 0.7})   # ARPO's rollout, on vLLM's top-k
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
-    stage(d, "init")
-    r = stage(d, "rollout", 1)
-    assert "sampling with vllm, prefix caching on" in r.stdout + r.stderr   # vLLM 0.32 caches prefixes on a CPU too
+    stage_cli(d, "init")
+    r = stage_cli(d, "rollout", 1)
+    assert "sampling with vllm, prefix caching on" in r   # vLLM 0.32 caches prefixes on a CPU too
     if not torch.cuda.is_available():   # on a CPU the engine's threads are left to the OS (engines.py says why)
-        assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in r.stdout + r.stderr
+        assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in r
     return d
 
 
@@ -101,14 +90,14 @@ def test_the_stages_after_a_branching_rollout(vllm_run):
     params = yaml.safe_load((d / "params.yaml").read_text())
     params["credit"] = {"attribution": "hard"}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
-    out = stage(d, "group", 1)
-    assert re.search(r"branch_points [1-9]\d*\.000, branch_points_grouped 1\.000", out.stdout + out.stderr)
-    stage(d, "advantages", 1)
+    out = stage_cli(d, "group", 1)
+    assert re.search(r"branch_points [1-9]\d*\.000, branch_points_grouped 1\.000", out)
+    stage_cli(d, "advantages", 1)
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     copies = int(steps["shared"].sum())
-    out = stage(d, "update", 1)
+    out = stage_cli(d, "update", 1)
     assert f"credit.attribution hard: {copies} copies of shared turns merged into the {steps.height - copies} " \
-           "sampled turns" in out.stdout + out.stderr
+           "sampled turns" in out
 
 
 def test_vllm_refuses_a_head_dim_its_cpu_kernels_lack(vllm_run, tmp_path):
