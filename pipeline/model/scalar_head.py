@@ -129,6 +129,15 @@ class ScalarHeadModel:
         last = torch.stack([path[-1] for path in tree.paths]).to(device)
         return self.head(hidden[last].float()).squeeze(-1)
 
+    def _pass(self, prompts, responses, pad_id: int, packing: str):
+        """The values of one forward pass: right-padded, or one prefix tree."""
+        from pipeline.model.policy import pad_batch  # start-up cost: torch
+
+        if packing == "tree":
+            return self.packed([list(p) + list(r) for p, r in zip(prompts, responses)])
+        ids, attn, _ = pad_batch(prompts, responses, pad_id)
+        return self(ids, attn)
+
     def values(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
         """One value per sequence `prompt + response` (an empty response: the prompt's last token), in the order
         given, computed in chunks of `batching.batch_size`: right-padded, or (`packing` tree) each chunk one prefix
@@ -136,20 +145,14 @@ class ScalarHeadModel:
         import torch  # start-up cost: torch
 
         from pipeline.model.packing import passes  # start-up cost: torch
-        from pipeline.model.policy import pad_batch  # start-up cost: torch
 
-        packing = batching.packing
-        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, packing,
+        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, batching.packing,
                        batching.micro_batch_tokens)
         out = []
         with torch.set_grad_enabled(grad):
             for part in parts:
-                ps, rs = [prompts[i] for i in part], [responses[i] for i in part]
-                if packing == "tree":
-                    out.append(self.packed([list(p) + list(r) for p, r in zip(ps, rs)]))
-                    continue
-                ids, attn, _ = pad_batch(ps, rs, pad_id)
-                out.append(self(ids, attn))
+                out.append(self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id,
+                                      batching.packing))
         if not out:
             return torch.zeros(0)
         v = torch.cat(out)
@@ -157,3 +160,36 @@ class ScalarHeadModel:
         if order == list(range(len(prompts))):
             return v
         return v.new_zeros(len(prompts)).index_put((torch.tensor(order, device=v.device),), v)
+
+    def fit_step(self, prompts, responses, pad_id: int, batching: FitBatching, loss_of, stepper, where: str) -> float:
+        """One optimiser step on `loss_of(v)`, `v` the values of all the given sequences (a loss that couples them,
+        as SPA's sum over an episode's turns does), holding the graph of one forward pass at a time: where they
+        take several passes, the values are first computed without a graph, `g = ∂loss/∂v` there, and each pass
+        then runs again with its graph and back-propagates `Σ g_i v_i`, which accumulates the same gradient (the
+        chain rule; exact where the forward is deterministic, as it is without dropout). The price is one forward
+        pass more; memory is bounded by `batch_size` turns or `micro_batch_tokens` tokens, not by the batch.
+        Returns the loss; a non-finite loss stops training before any gradient is taken (`NonFiniteError`)."""
+        import math
+
+        import torch  # start-up cost: torch
+
+        from pipeline.model.packing import passes  # start-up cost: torch
+        from pipeline.model.precision import NonFiniteError  # start-up cost: torch
+
+        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, batching.packing,
+                       batching.micro_batch_tokens)
+        if len(parts) <= 1:
+            loss = loss_of(self.values(prompts, responses, pad_id, batching, grad=True))
+            stepper.minimize(loss, where)
+            return float(loss.detach())
+        v = self.values(prompts, responses, pad_id, batching).detach().requires_grad_(True)
+        loss = loss_of(v)
+        if not math.isfinite(float(loss.detach())):
+            raise NonFiniteError(f"loss is {float(loss.detach())} at {where}")
+        (g,) = torch.autograd.grad(loss, v)
+        stepper.optimizer.zero_grad(set_to_none=True)
+        for part in parts:
+            vp = self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id, batching.packing)
+            stepper.backward((vp * g[torch.tensor(part, device=g.device)].to(vp.dtype)).sum())
+        stepper.step(where)
+        return float(loss.detach())

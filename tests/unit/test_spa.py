@@ -153,7 +153,8 @@ def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradie
         grad = torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
         fits[packing] = stats, c.detach(), grad
     # 3 epochs x 2 minibatches of 6 episodes (18 turns: chunks of 16 and 2), then the 36 turns scored in chunks of 16
-    assert packs == [16, 2] * 6 + [16, 16, 4]
+    # (two passes each: the values without a graph, then each pass again with its graph: `fit_step`)
+    assert packs == [16, 2, 16, 2] * 6 + [16, 16, 4]
     # trees of at most 3 turns' tokens (`micro_batch_tokens`): the turns regrouped, each value back in its place
     budget = 3 * max(len(p) + len(r) for p, r in zip(prompts, responses))
     est = ProgressEstimator.from_policy(tmp_path / "policy")
@@ -173,3 +174,45 @@ def test_spa_estimator_packed_or_not_gives_the_same_contributions_fit_and_gradie
         assert s1 == pytest.approx(s0, rel=1e-5)
         assert (c1 - c0).abs().max() <= 1e-5 * c0.abs().max()
         assert (g1 - g0).abs().max() <= 1e-5 * g0.abs().max()
+
+
+@pytest.mark.parametrize("batching", [dict(batch_size=4), dict(batch_size=64, packing="tree", micro_batch_tokens=40)])
+def test_a_step_on_a_batch_of_episodes_holds_one_pass_at_a_time_with_the_same_gradient(tmp_path, monkeypatch,
+                                                                                        batching):
+    """SPA's loss couples an episode's turns, so the estimator once held the graph of a whole batch of episodes
+    (24 GB on SQL's prompts): `fit_step` now computes the values without a graph, then back-propagates each pass
+    weighted by the loss's gradient there. The gradient is the one-pass gradient, and no pass holds more than the
+    budget."""
+    import pipeline.model.scalar_head as sh
+    from pipeline.model.precision import Stepper
+
+    tiny_llama().save_pretrained(tmp_path / "policy")
+    prompts, responses, turn_ep, _, ep_success = batch(n_groups=2, per_group=3, turns=3)   # 18 turns
+    prompts = [[3, 4, 5, 6] + p for p in prompts]
+    target = torch.as_tensor(ep_success.astype(np.float64))
+    local = torch.as_tensor(turn_ep, dtype=torch.long)
+    grads, losses, graph_sizes = {}, {}, {}
+    real = sh.ScalarHeadModel._pass
+    for name, cfg in (("one pass", FitBatching(batch_size=64)), ("passes", FitBatching(**batching))):
+        est = ProgressEstimator.from_policy(tmp_path / "policy")
+        torch.nn.init.normal_(est.head.weight, std=0.5, generator=torch.Generator().manual_seed(0))   # a live head
+        sizes = []
+        monkeypatch.setattr(sh.ScalarHeadModel, "_pass", lambda self, ps, rs, pad, packing: sizes.append(
+            (len(ps), sum(len(p) + len(r) for p, r in zip(ps, rs)), torch.is_grad_enabled()))
+            or real(self, ps, rs, pad, packing))
+        opt = torch.optim.SGD(est.parameters(), lr=0.0)
+        losses[name] = est.fit_step(prompts, responses, PAD, cfg, lambda c: spa_loss(c, local, target),
+                                    Stepper(est.modules, opt, grad_clip=1e9), "test")
+        grads[name] = torch.cat([q.grad.flatten() for q in est.parameters() if q.grad is not None])
+        graph_sizes[name] = [n for n, _, g in sizes if g]
+        if name == "passes":
+            with_graph = [(n, tokens) for n, tokens, g in sizes if g]
+            assert len(with_graph) > 1 and sum(n for n, _ in with_graph) == 18
+            assert [n for n, _, g in sizes if not g] and sum(n for n, _, g in sizes if not g) == 18
+            if "micro_batch_tokens" not in batching:
+                assert max(n for n, _ in with_graph) == 4
+    assert graph_sizes["one pass"] == [18]
+    assert losses["passes"] == pytest.approx(losses["one pass"], rel=1e-6)
+    g0, g1 = grads["one pass"], grads["passes"]
+    assert g0.abs().max() > 1e-3 and len(g1) == len(g0)
+    assert (g1 - g0).abs().max() <= 1e-5 * g0.abs().max()

@@ -134,11 +134,12 @@ def train_critic(critic: Critic, optimizer, prompts, v_old: np.ndarray, target: 
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for rows in minibatches(order, cfg.minibatch_size):
-            v = critic.state_values([prompts[i] for i in rows], pad_id, cfg, grad=True)
             idx = torch.tensor(rows)
-            loss = value_loss(v, v_old_t[idx].to(v.device), target_t[idx].to(v.device), cfg.value_clip)
-            stepper.minimize(loss, f"GAE critic epoch {epoch}")
-            losses.append(float(loss.detach()))
+            loss = critic.fit_step([prompts[i] for i in rows], [[] for _ in rows], pad_id, cfg,
+                                   lambda v, idx=idx: value_loss(v, v_old_t[idx].to(v.device),
+                                                                 target_t[idx].to(v.device), cfg.value_clip),
+                                   stepper, f"GAE critic epoch {epoch}")
+            losses.append(loss)
             step += 1
             if progress is not None and ticker.due(step):
                 progress(f"critic step {step}/{steps_total}: loss {losses[-1]:.4f}, {ticker.pace(step)}")

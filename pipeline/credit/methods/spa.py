@@ -93,7 +93,8 @@ def spa_loss(c, turn_episode, outcome):
 def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,
                    outcome: np.ndarray, cfg, pad_id: int, seed: int, progress: Log = None) -> dict[str, float]:
     """`cfg.epochs` passes over the replay in shuffled near-equal batches of at most `cfg.episodes_per_batch` whole
-    episodes (`pipeline.data.batches.minibatches`, as the policy update cuts its turns)."""
+    episodes (`pipeline.data.batches.minibatches`, as the policy update cuts its turns); a batch's turns go through
+    the estimator a pass at a time (`ScalarHeadModel.fit_step`), so memory is bounded by the pass, not the batch."""
     import torch  # start-up cost: torch
 
     from pipeline.model.precision import Stepper  # start-up cost: torch
@@ -115,11 +116,10 @@ def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_e
         for eps in minibatches(order, cfg.episodes_per_batch):
             rows = [t for e in eps for t in turns_of[e]]
             local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
-            c = est.contributions([prompts[t] for t in rows], [responses[t] for t in rows], pad_id,
-                                  cfg, grad=True)
-            loss = spa_loss(c, local, torch.as_tensor(outcome[eps]))
-            stepper.minimize(loss, f"SPA estimator epoch {epoch}")
-            batch_losses.append(float(loss.detach()))
+            target = torch.as_tensor(outcome[eps])
+            loss = est.fit_step([prompts[t] for t in rows], [responses[t] for t in rows], pad_id, cfg,
+                                lambda c: spa_loss(c, local, target), stepper, f"SPA estimator epoch {epoch}")
+            batch_losses.append(loss)
             weights.append(len(eps))
             step += 1
             if progress is not None and ticker.due(step):
