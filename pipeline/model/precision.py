@@ -56,11 +56,16 @@ class Stepper:
     def minimize(self, loss: torch.Tensor, where: str) -> float:
         """One whole optimiser step on `loss`: a non-finite loss stops training before any gradient is taken
         (`NonFiniteError` naming `where`); then zero the gradients, backward and `step`."""
-        if not torch.isfinite(loss):
-            raise NonFiniteError(f"loss is {float(loss)} at {where}")
+        self.check(loss, where)
         self.optimizer.zero_grad(set_to_none=True)
         self.backward(loss)
         return self.step(where)
+
+    @staticmethod
+    def check(loss: torch.Tensor, where: str) -> None:
+        """A non-finite loss stops training before any gradient is taken (`NonFiniteError` naming `where`)."""
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"loss is {float(loss)} at {where}")
 
     def step(self, where: str) -> float:
         """Clip and apply the accumulated gradients; returns the gradient norm. A non-finite norm stops training

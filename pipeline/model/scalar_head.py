@@ -138,21 +138,19 @@ class ScalarHeadModel:
         ids, attn, _ = pad_batch(prompts, responses, pad_id)
         return self(ids, attn)
 
-    def values(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
-        """One value per sequence `prompt + response` (an empty response: the prompt's last token), in the order
-        given, computed in chunks of `batching.batch_size`: right-padded, or (`packing` tree) each chunk one prefix
-        tree; with `micro_batch_tokens` too, trees of at most that many tokens (`pipeline.model.packing.passes`)."""
-        import torch  # start-up cost: torch
-
+    def _parts(self, prompts, responses, batching: FitBatching) -> list[list[int]]:
+        """The turns' forward passes (`pipeline.model.packing.passes`)."""
         from pipeline.model.packing import passes  # start-up cost: torch
 
-        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, batching.packing,
-                       batching.micro_batch_tokens)
-        out = []
-        with torch.set_grad_enabled(grad):
-            for part in parts:
-                out.append(self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id,
-                                      batching.packing))
+        return passes(prompts, responses, list(range(len(prompts))), batching.batch_size, batching.packing,
+                      batching.micro_batch_tokens)
+
+    def _values(self, prompts, responses, pad_id: int, packing: str, parts: list[list[int]]):
+        """The values of `parts`' passes, each back in its sequence's place."""
+        import torch  # start-up cost: torch
+
+        out = [self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id, packing)
+               for part in parts]
         if not out:
             return torch.zeros(0)
         v = torch.cat(out)
@@ -160,6 +158,16 @@ class ScalarHeadModel:
         if order == list(range(len(prompts))):
             return v
         return v.new_zeros(len(prompts)).index_put((torch.tensor(order, device=v.device),), v)
+
+    def values(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
+        """One value per sequence `prompt + response` (an empty response: the prompt's last token), in the order
+        given, computed in chunks of `batching.batch_size`: right-padded, or (`packing` tree) each chunk one prefix
+        tree; with `micro_batch_tokens` too, trees of at most that many tokens (`pipeline.model.packing.passes`)."""
+        import torch  # start-up cost: torch
+
+        with torch.set_grad_enabled(grad):
+            return self._values(prompts, responses, pad_id, batching.packing,
+                                self._parts(prompts, responses, batching))
 
     def fit_step(self, prompts, responses, pad_id: int, batching: FitBatching, loss_of, stepper, where: str) -> float:
         """One optimiser step on `loss_of(v)`, `v` the values of all the given sequences (a loss that couples them,
@@ -169,27 +177,24 @@ class ScalarHeadModel:
         chain rule; exact where the forward is deterministic, as it is without dropout). The price is one forward
         pass more; memory is bounded by `batch_size` turns or `micro_batch_tokens` tokens, not by the batch.
         Returns the loss; a non-finite loss stops training before any gradient is taken (`NonFiniteError`)."""
-        import math
-
         import torch  # start-up cost: torch
 
-        from pipeline.model.packing import passes  # start-up cost: torch
-        from pipeline.model.precision import NonFiniteError  # start-up cost: torch
-
-        parts = passes(prompts, responses, list(range(len(prompts))), batching.batch_size, batching.packing,
-                       batching.micro_batch_tokens)
+        parts = self._parts(prompts, responses, batching)
         if len(parts) <= 1:
-            loss = loss_of(self.values(prompts, responses, pad_id, batching, grad=True))
-            stepper.minimize(loss, where)
+            with torch.enable_grad():
+                loss = loss_of(self._values(prompts, responses, pad_id, batching.packing, parts))
+                stepper.minimize(loss, where)
             return float(loss.detach())
-        v = self.values(prompts, responses, pad_id, batching).detach().requires_grad_(True)
-        loss = loss_of(v)
-        if not math.isfinite(float(loss.detach())):
-            raise NonFiniteError(f"loss is {float(loss.detach())} at {where}")
-        (g,) = torch.autograd.grad(loss, v)
-        stepper.optimizer.zero_grad(set_to_none=True)
-        for part in parts:
-            vp = self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id, batching.packing)
-            stepper.backward((vp * g[torch.tensor(part, device=g.device)].to(vp.dtype)).sum())
+        with torch.no_grad():
+            v = self._values(prompts, responses, pad_id, batching.packing, parts)
+        with torch.enable_grad():
+            v.requires_grad_(True)
+            loss = loss_of(v)
+            stepper.check(loss.detach(), where)
+            (g,) = torch.autograd.grad(loss, v)
+            stepper.optimizer.zero_grad(set_to_none=True)
+            for part in parts:
+                vp = self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id, batching.packing)
+                stepper.backward((vp * g[torch.tensor(part, device=g.device)].to(vp.dtype)).sum())
         stepper.step(where)
         return float(loss.detach())
