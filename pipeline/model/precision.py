@@ -53,6 +53,17 @@ class Stepper:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
+    def backward_through(self, parts, forward, g: torch.Tensor) -> None:
+        """Accumulate the gradient of a loss `L(v)` over the per-sequence values `v` of several forward passes,
+        one pass's graph at a time: `g = ∂L/∂v` was taken on values computed without a graph; each pass (`parts`,
+        lists of sequence indices) runs again with its graph, `forward(part)`, and back-propagates `Σ_i g_i v_i`,
+        which by the chain rule accumulates the same gradient (exact where the forward is deterministic, as it is
+        without dropout). SPA's, GAE's and OPRL's fits step this way, so that memory is bounded by a pass, not by
+        the batch their loss couples."""
+        for part in parts:
+            v = forward(part)
+            self.backward((v * g[torch.tensor(part, device=g.device)].to(device=v.device, dtype=v.dtype)).sum())
+
     def minimize(self, loss: torch.Tensor, where: str) -> float:
         """One whole optimiser step on `loss`: a non-finite loss stops training before any gradient is taken
         (`NonFiniteError` naming `where`); then zero the gradients, backward and `step`."""

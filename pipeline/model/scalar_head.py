@@ -173,9 +173,8 @@ class ScalarHeadModel:
         """One optimiser step on `loss_of(v)`, `v` the values of all the given sequences (a loss that couples them,
         as SPA's sum over an episode's turns does), holding the graph of one forward pass at a time: where they
         take several passes, the values are first computed without a graph, `g = ∂loss/∂v` there, and each pass
-        then runs again with its graph and back-propagates `Σ g_i v_i`, which accumulates the same gradient (the
-        chain rule; exact where the forward is deterministic, as it is without dropout). The price is one forward
-        pass more; memory is bounded by `batch_size` turns or `micro_batch_tokens` tokens, not by the batch.
+        then runs again with its graph (`Stepper.backward_through`). The price is one forward pass more; memory is
+        bounded by `batch_size` turns or `micro_batch_tokens` tokens, not by the batch.
         Returns the loss; a non-finite loss stops training before any gradient is taken (`NonFiniteError`)."""
         import torch  # start-up cost: torch
 
@@ -193,8 +192,8 @@ class ScalarHeadModel:
             stepper.check(loss.detach(), where)
             (g,) = torch.autograd.grad(loss, v)
             stepper.optimizer.zero_grad(set_to_none=True)
-            for part in parts:
-                vp = self._pass([prompts[i] for i in part], [responses[i] for i in part], pad_id, batching.packing)
-                stepper.backward((vp * g[torch.tensor(part, device=g.device)].to(vp.dtype)).sum())
+            stepper.backward_through(parts, lambda part: self._pass([prompts[i] for i in part],
+                                                                    [responses[i] for i in part], pad_id,
+                                                                    batching.packing), g)
         stepper.step(where)
         return float(loss.detach())

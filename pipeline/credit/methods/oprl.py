@@ -21,7 +21,6 @@ and `pipeline.model` are imported inside the functions that train or score (star
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -120,13 +119,13 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     """`cfg.steps` AdamW steps on the pairwise loss; returns the loss before the first and after the last step.
 
     Each step scores every turn without a graph, differentiates the loss with respect to the episode scores, then
-    backpropagates `Σ_t ∂L/∂S(τ_t) · ∂S/∂r_φ(t) · β · Σ log π_φ` chunk by chunk: the exact gradient, in the memory
-    of one chunk.
+    backpropagates `Σ_t ∂L/∂S(τ_t) · ∂S/∂r_φ(t) · β · Σ log π_φ` pass by pass (`Stepper.backward_through`): the
+    exact gradient, in the memory of one pass.
     """
     import torch  # start-up cost: torch
 
     from pipeline.model.packing import passes, response_logprobs  # start-up cost: torch
-    from pipeline.model.precision import NonFiniteError, Stepper  # start-up cost: torch
+    from pipeline.model.precision import Stepper  # start-up cost: torch
 
     n_eps = len(episode_group)
     te = torch.as_tensor(np.array(turn_episode), dtype=torch.long)
@@ -138,14 +137,19 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
     n_pairs = 0
     ticker = Ticker(cfg.steps, every=1)
     parts = passes(prompts, responses, list(range(len(prompts))), cfg.batch_size, cfg.packing, cfg.micro_batch_tokens)
+
+    def turn_sums(part):
+        """`Σ log π_φ` over each response of one pass, with its graph."""
+        logp, _, resp = response_logprobs(prm, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
+                                          cfg.packing)
+        return (logp * resp.to(logp.device)).sum(1)
     for s in range(cfg.steps + 1):
         sums = turn_logprob_sums(prm, prompts, responses, pad_id, cfg)
         r = torch.tensor(cfg.beta * (sums - old_sums), dtype=torch.float64)
         S = episode_scores(r, te, n_eps, cfg.score).requires_grad_(True)
         loss, n_pairs = pairwise_loss(S, group, success)
         losses.append(float(loss.detach()))
-        if not math.isfinite(losses[-1]):
-            raise NonFiniteError(f"OPRL PRM loss is {losses[-1]} at step {s}")
+        stepper.check(loss.detach(), f"OPRL PRM step {s}")
         if s == cfg.steps or n_pairs == 0:
             break
         (dS,) = torch.autograd.grad(loss, S)
@@ -154,12 +158,7 @@ def prm_update(prm, optimizer, prompts, responses, old_sums: np.ndarray, turn_ep
             per_turn = per_turn / counts[turn_episode]
         optimizer.zero_grad(set_to_none=True)
         prm.train()
-        for part in parts:
-            logp, _, resp = response_logprobs(prm, [prompts[i] for i in part], [responses[i] for i in part], pad_id,
-                                              cfg.packing)
-            seq = (logp * resp.to(logp.device)).sum(1)
-            w = torch.as_tensor(per_turn[part], dtype=seq.dtype, device=seq.device)
-            stepper.backward((seq * w).sum())
+        stepper.backward_through(parts, turn_sums, torch.as_tensor(per_turn))
         stepper.step(f"OPRL PRM step {s}")
         prm.eval()
         if progress is not None and ticker.due(s + 1):
