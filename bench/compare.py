@@ -14,7 +14,8 @@ page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
   difference in final held-out success and in area under the curve, with a 95 % two-level bootstrap interval,
   the exact sign-flip p-value over seeds, the seeds 80 % power would need, and the verdict in words
   (`bench.verdicts`; compare_verdicts.csv), on the held-out tasks every run played (the page says which);
-- the held-out success curves, mean ± std over seeds, and each method minus GRPO on the same seed;
+- the held-out success curves, mean ± std over seeds (one seed: ± one standard error over its held-out tasks), and
+  each method minus the baseline on the same seed (one seed: the paired 95 % interval over tasks);
 - per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
   term for separating good from bad turns, docs/credit-assignment.md, Oracle credit) and the share of turns with a step
   signal, where the environment has an oracle;
@@ -281,12 +282,12 @@ def plot_times(tm: pl.DataFrame, colors) -> str:
                          (8, 3.8), rotation=20)
 
 
-def plot_curves(cv: pl.DataFrame) -> str:
+def plot_curves(cv: pl.DataFrame, tables: dict, baseline: str) -> str:
 
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "curves.png"
-        plot(cv.select("method", "seed", "iteration", "success_rate"), path)
+        plot(cv.select("method", "seed", "iteration", "success_rate"), path, tables, baseline)
         return base64.b64encode(path.read_bytes()).decode()
 
 
@@ -332,10 +333,14 @@ VERDICT_HEADERS = {"method": "group", "baseline": "against", "metric": "metric",
                    "verdict": "verdict"}
 
 
-def verdicts(runs: list[Run], baseline: str) -> tuple[pl.DataFrame, str]:
+def task_tables(runs: list[Run]) -> dict[tuple[str, int], pl.DataFrame]:
+    """Every run's held-out success per task and iteration (`bench.verdicts.task_success`), keyed by (group, seed)."""
+    return {(r.method, r.seed): task_success(r.results, r.iterations()) for r in runs}
+
+
+def verdicts(tables: dict[tuple[str, int], pl.DataFrame], baseline: str) -> tuple[pl.DataFrame, str]:
     """Each group against `baseline` on the runs' held-out tasks (`bench.verdicts.compare_methods`)."""
-    found, panel = compare_methods({(r.method, r.seed): task_success(r.results, r.iterations()) for r in runs},
-                                   baseline)
+    found, panel = compare_methods(tables, baseline)
     return verdict_frame(found), panel
 
 
@@ -404,10 +409,15 @@ def build(folders: list[Path], out: Path, group_by: str = "credit.method", basel
     dif = difficulty(runs)
     summary, vs = summarise(cv, cr)
     groups = list(dict.fromkeys(r.method for r in runs))
-    verdict_table, panel = verdicts(runs, baseline if baseline in groups else groups[0])
+    tables = task_tables(runs)
+    baseline = baseline if baseline in groups else groups[0]
+    verdict_table, panel = verdicts(tables, baseline)
     colors = _colors(groups)
-    figures = [("Held-out success", "Left: mean ± std over seeds per method. Right (with GRPO among the runs): each "
-                "method's success minus GRPO's on the same seed.", plot_curves(cv))]
+    figures = [("Held-out success", "Left: mean per method over seeds, with a band of ± one standard deviation over "
+                "seeds, or, where a method ran one seed, ± one standard error over its held-out tasks. Right: each "
+                f"method's success minus {baseline}'s on the same seed, ± one standard deviation over seeds, or on "
+                "one seed the 95 % paired bootstrap interval over the held-out tasks.",
+                plot_curves(cv, tables, baseline))]
     if dif["iteration"].n_unique() > 1:
         figures.append(("Tasks gained and lost", "Per iteration, the held-out tasks each method solves more often "
                         "and less often than at iteration 0 (a change in the mean can hide both); by the oracle's "

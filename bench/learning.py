@@ -30,7 +30,9 @@ files), logged to the repository's MLflow store like any run. Output in `--out`:
 - learning_pairs.csv: for runs that learn from step-level preferences (`update.objective: step_dpo`), per run and
   iteration the pairs, the share of the iteration's turns in a pair, the states with a pair and the mean gap and
   margin (`pipeline.credit.preferences.pair_stats`);
-- learning.png: mean success curve per method with a band of ± one standard deviation over seeds.
+- learning.png: mean success curve per method with a band of ± one standard deviation over seeds (a method run on
+  one seed: ± one standard error over its held-out tasks), and each method minus GRPO on the same seed (one seed:
+  the paired 95 % bootstrap interval over the held-out tasks).
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import yaml
 
 from bench import log_run
-from bench.verdicts import compare_methods, task_success, verdict_frame
+from bench.verdicts import compare_methods, paired_by_iteration, task_success, verdict_frame
 from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.oracle import run_credit
 from pipeline.credit.preferences import pair_stats
@@ -218,17 +221,70 @@ def summarise(curves: pl.DataFrame, credit: pl.DataFrame | None = None) -> tuple
     return table, vs
 
 
-def mean_curves(ax, curves: pl.DataFrame, key: str, label) -> dict:
-    """Held-out success per iteration of each `key` value (a method, a lag): its mean over seeds, with a band of ±
-    one standard deviation, labelled `label(value, seeds)`; returns each value's colour."""
-    agg = curves.group_by(key, "iteration").agg(
-        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
-        pl.len().alias("n")).sort("iteration")
+def curve_bands(curves: pl.DataFrame, key: str = "method", tasks: dict | None = None) -> pl.DataFrame:
+    """Held-out success per iteration of each `key` value (a method, a lag), its mean over seeds and the band
+    around it: ± one standard deviation over seeds where there are several (`band` "seeds"); with one seed, ± one
+    standard error over that run's held-out tasks (`band` "tasks": the standard deviation of the tasks' success
+    rates over the root of their number), from `tasks`, the runs' `bench.verdicts.task_success` tables keyed by
+    (value, seed); without them a single seed has no band ("none"). Columns key, iteration, n (seeds), m, s, band."""
+    agg = curves.group_by(key, "iteration", maintain_order=True).agg(
+        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().alias("s"), pl.len().alias("n"),
+        pl.col("seed").first().alias("seed")).sort(key, "iteration", maintain_order=True)
+    rows = []
+    for r in agg.iter_rows(named=True):
+        s, band = r["s"], "seeds"
+        if r["n"] == 1:
+            t = (tasks or {}).get((r[key], r["seed"]))
+            x = t.filter(pl.col("iteration") == r["iteration"])["success"].to_numpy() if t is not None else []
+            s, band = (float(np.std(x, ddof=1) / np.sqrt(len(x))), "tasks") if len(x) > 1 else (0.0, "none")
+        rows.append({key: r[key], "iteration": r["iteration"], "n": r["n"], "m": r["m"], "s": s, "band": band})
+    return pl.DataFrame(rows, schema={key: curves.schema[key], "iteration": pl.Int64, "n": pl.Int64,
+                                      "m": pl.Float64, "s": pl.Float64, "band": pl.String})
+
+
+def diff_bands(curves: pl.DataFrame, baseline: str, tasks: dict | None = None) -> pl.DataFrame:
+    """Each method minus `baseline` on the same seed, per iteration, in points: the mean over seeds and a band of
+    ± one standard deviation over seeds where there are several (`band` "seeds"); on one seed, the 95 % paired
+    bootstrap interval over the held-out tasks both played (`bench.verdicts.paired_by_iteration`, `band` "tasks"),
+    from `tasks` as in `curve_bands`. Columns method, iteration, n, m, low, high, band."""
+    base = curves.filter(pl.col("method") == baseline).select("seed", "iteration", pl.col("success_rate").alias("b"))
+    per_seed = (curves.filter(pl.col("method") != baseline).join(base, on=["seed", "iteration"])
+                .with_columns(((pl.col("success_rate") - pl.col("b")) * 100).alias("d")))
+    rows = []
+    for method in per_seed["method"].unique(maintain_order=True).to_list():
+        mine = per_seed.filter(pl.col("method") == method)
+        seeds = mine["seed"].unique().to_list()
+        pair = [(tasks or {}).get((m, seeds[0])) for m in (method, baseline)]
+        if len(seeds) == 1 and all(t is not None for t in pair):
+            for r in paired_by_iteration(*pair).iter_rows(named=True):
+                rows.append({"method": method, "iteration": r["iteration"], "n": 1, "m": r["diff"],
+                             "low": r["ci_low"], "high": r["ci_high"], "band": "tasks"})
+            continue
+        agg = mine.group_by("iteration").agg(pl.col("d").mean().alias("m"), pl.col("d").std().alias("s"),
+                                             pl.len().alias("n"))
+        for r in agg.iter_rows(named=True):
+            s = r["s"] if r["n"] > 1 else 0.0
+            rows.append({"method": method, "iteration": r["iteration"], "n": r["n"], "m": r["m"], "low": r["m"] - s,
+                         "high": r["m"] + s, "band": "seeds" if r["n"] > 1 else "none"})
+    schema = {"method": pl.String, "iteration": pl.Int64, "n": pl.Int64, "m": pl.Float64, "low": pl.Float64,
+              "high": pl.Float64, "band": pl.String}
+    return pl.DataFrame(rows, schema=schema).sort("method", "iteration", maintain_order=True)
+
+
+BAND_WORDS = {"seeds": "± std over seeds", "tasks": "one seed: ± s.e. over held-out tasks", "none": "no band"}
+DIFF_BAND_WORDS = {"seeds": "± std over seeds", "tasks": "one seed: 95 % interval over tasks", "none": "no band"}
+
+
+def mean_curves(ax, curves: pl.DataFrame, key: str, label, tasks: dict | None = None) -> dict:
+    """Draw `curve_bands` on `ax`, each value labelled `label(value, seeds)` and the kind of its band; returns each
+    value's colour."""
+    agg = curve_bands(curves, key, tasks)
     colors = {}
     for value in curves[key].unique(maintain_order=True).to_list():
         d = agg.filter(pl.col(key) == value)
         x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
-        line = ax.plot(x, m, marker="o", label=label(value, int(d["n"].max())))[0]
+        words = ", ".join(BAND_WORDS[b] for b in d["band"].unique(maintain_order=True).to_list())
+        line = ax.plot(x, m, marker="o", label=f"{label(value, int(d['n'].max()))}: {words}")[0]
         colors[value] = line.get_color()
         ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.15)
     ax.set_xlabel("iteration")
@@ -239,44 +295,42 @@ def mean_curves(ax, curves: pl.DataFrame, key: str, label) -> dict:
     return colors
 
 
-def plot(curves: pl.DataFrame, path: Path) -> None:
+def plot(curves: pl.DataFrame, path: Path, tasks: dict | None = None, baseline: str = "grpo") -> None:
+    """Learning curves with their uncertainty (`curve_bands`) and, with `baseline` among the methods, each method
+    minus the baseline on the same seed (`diff_bands`); `tasks`: the runs' task_success tables keyed by (method,
+    seed)."""
     plt = pyplot()
 
-    paired = "grpo" in curves["method"].to_list() and curves["method"].n_unique() > 1
+    paired = baseline in curves["method"].to_list() and curves["method"].n_unique() > 1
     fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(12 if paired else 7, 4), dpi=120, squeeze=False)
     ax = axes[0][0]
-    colors = mean_curves(ax, curves, "method", lambda method, n: f"{method} (n={n})")
-    ax.set_title("Learning curves: mean ± std over seeds")
+    colors = mean_curves(ax, curves, "method", lambda method, n: f"{method} (n={n})", tasks)
+    ax.set_title("Learning curves: mean over seeds, with their spread")
     if paired:
         # the seeds differ far more than the methods do; the difference to GRPO on the same seed removes that
         ax = axes[0][1]
-        base = curves.filter(pl.col("method") == "grpo").select("seed", "iteration",
-                                                                  pl.col("success_rate").alias("grpo"))
-        diff = (curves.filter(pl.col("method") != "grpo").join(base, on=["seed", "iteration"])
-                .with_columns(((pl.col("success_rate") - pl.col("grpo")) * 100).alias("d"))
-                .group_by("method", "iteration").agg(pl.col("d").mean().alias("m"),
-                                                     pl.col("d").std().fill_null(0.0).alias("s"))
-                .sort("iteration"))
-        for method in [m for m in colors if m != "grpo"]:
+        diff = diff_bands(curves, baseline, tasks)
+        for method in [m for m in colors if m != baseline]:
             d = diff.filter(pl.col("method") == method)
-            x, m, s = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
-            ax.plot(x, m, marker="o", color=colors[method], label=method)
-            ax.fill_between(x, m - s, m + s, color=colors[method], alpha=0.12)
+            x, m = d["iteration"].to_numpy(), d["m"].to_numpy()
+            ax.plot(x, m, marker="o", color=colors[method], label=f"{method}: {DIFF_BAND_WORDS[d['band'][0]]}")
+            ax.fill_between(x, d["low"].to_numpy(), d["high"].to_numpy(), color=colors[method], alpha=0.12)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xlabel("iteration")
-        ax.set_ylabel("success minus GRPO's, same seed (points)")
-        ax.set_title("Paired by seed: mean ± std of the difference")
+        ax.set_ylabel(f"success minus {baseline}'s, same seed (points)")
+        ax.set_title(f"Paired with {baseline} on the same seed")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_figure(fig, path)
 
 
-def verdicts(work: Path, methods: list[str], seeds: list[int], baseline: str) -> tuple[pl.DataFrame, str]:
+def task_tables(work: Path, methods: list[str], seeds: list[int]) -> dict[tuple[str, int], pl.DataFrame]:
+    """Every run's held-out success per task and iteration (`bench.verdicts.task_success`), keyed by (method, seed)."""
+    return {(m, s): task_success(work / f"{m}_s{s}" / "results") for m in methods for s in seeds}
+
+
+def verdicts(tables: dict[tuple[str, int], pl.DataFrame], baseline: str) -> tuple[pl.DataFrame, str]:
     """Each method against `baseline` on the held-out tasks of every run (`bench.verdicts.compare_methods`)."""
-    tables = {}
-    for m in methods:
-        for s in seeds:
-            tables[(m, s)] = task_success(work / f"{m}_s{s}" / "results")
     found, panel = compare_methods(tables, baseline)
     return verdict_frame(found), panel
 
@@ -287,7 +341,8 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
     credit = collect_credit(work, methods, seeds) if oracle else None
     table, vs = summarise(curves, credit)
     baseline = baseline if baseline in methods else methods[0]
-    verdict_table, panel = verdicts(work, methods, seeds, baseline)
+    tables = task_tables(work, methods, seeds)
+    verdict_table, panel = verdicts(tables, baseline)
     out.mkdir(parents=True, exist_ok=True)
     if verdict_table.height:
         write_text_atomic(out / "learning_verdicts.csv", verdict_table.write_csv())
@@ -300,7 +355,7 @@ def report(work: Path, methods: list[str], seeds: list[int], out: Path, log: boo
     pairs = collect_pairs(work, methods, seeds)
     if pairs.height:
         write_text_atomic(out / "learning_pairs.csv", pairs.write_csv())
-    plot(curves, out / "learning.png")
+    plot(curves, out / "learning.png", tables)
     with pl.Config(tbl_rows=20, tbl_cols=12, tbl_width_chars=160, float_precision=3):
         print(table)
         if vs.height:

@@ -376,3 +376,34 @@ def test_branching_smoke(tmp_path):
     assert table["arm"].to_list() == ["none", "entropy"] and (out / "branching.png").stat().st_size > 0
     final = pl.read_csv(out / "branching_verdicts.csv").row(0, named=True)
     assert (final["method"], final["baseline"], final["metric"]) == ("gigpo/entropy", "none", "final")
+
+
+def test_learning_bands_by_hand():
+    """The curves' bands: several seeds give ± std over seeds; one seed ± one standard error over its held-out tasks
+    (std of the tasks' rates over the root of their number), and its difference to GRPO the paired 95 % bootstrap
+    interval over the tasks."""
+    from bench.learning import curve_bands, diff_bands
+
+    def tasks(*per_iteration):
+        return pl.DataFrame([{"iteration": it, "task_id": t, "success": float(x)}
+                             for it, xs in enumerate(per_iteration) for t, x in enumerate(xs)])
+
+    curves = pl.DataFrame({"method": ["grpo", "grpo", "gigpo", "gigpo"], "seed": [0] * 4, "iteration": [0, 1, 0, 1],
+                           "success_rate": [0.5, 0.75, 0.5, 0.5]})
+    tables = {("grpo", 0): tasks([1, 0, 1, 0], [1, 1, 1, 0]), ("gigpo", 0): tasks([1, 0, 1, 0], [1, 1, 0, 0])}
+    b = curve_bands(curves, tasks=tables).filter(pl.col("method") == "grpo")
+    assert b["band"].to_list() == ["tasks", "tasks"]
+    assert b["s"].to_list() == pytest.approx([0.2886751, 0.25])             # sqrt(1/3) / 2, 0.5 / 2
+    assert curve_bands(curves)["band"].unique().to_list() == ["none"]
+    d = diff_bands(curves, "grpo", tables)
+    # iteration 1: per task 0, 0, −100, 0 points; of 4 tasks drawn, 3 or more at −100 has probability 0.051
+    assert d.select("iteration", "m", "low", "high", "band").rows() == [(0, 0.0, 0.0, 0.0, "tasks"),
+                                                                        (1, -25.0, -75.0, 0.0, "tasks")]
+    two = pl.concat([curves, pl.DataFrame({"method": ["grpo", "grpo", "gigpo", "gigpo"], "seed": [1] * 4,
+                                           "iteration": [0, 1, 0, 1], "success_rate": [0.3, 0.45, 0.3, 0.65]})])
+    g = curve_bands(two, tasks=tables).filter(pl.col("method") == "grpo", pl.col("iteration") == 1).row(0, named=True)
+    assert (g["n"], g["m"], g["s"], g["band"]) == (2, pytest.approx(0.6), pytest.approx(0.2121320), "seeds")
+    d = diff_bands(two, "grpo", tables).filter(pl.col("iteration") == 1).row(0, named=True)
+    # seed 0: −25 points, seed 1: +20 points
+    assert (d["m"], d["low"], d["high"], d["band"]) == (pytest.approx(-2.5), pytest.approx(-2.5 - 31.8198052),
+                                                        pytest.approx(-2.5 + 31.8198052), "seeds")
