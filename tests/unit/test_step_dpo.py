@@ -1,7 +1,7 @@
 """Step-level preference updates (`update.objective: step_dpo`): each method's step values by hand, the pairs of a
 hand-made iteration (different actions, the gap rule, the cap per state, invalid turns, crashed episodes), the
 value and oracle margins, the DPO loss by hand, a sign test that one step raises the chosen turn against the
-rejected one, and the params refused."""
+rejected one, a broken pairs table and the params refused."""
 
 from __future__ import annotations
 
@@ -172,3 +172,34 @@ def test_step_dpo_is_refused_with_several_update_processes_or_off_policy():
     with pytest.raises(ValueError, match="loop.off_policy_lag: 0"):
         Params(update={"objective": "step_dpo"}, loop={"off_policy_lag": 1})
     assert np.isclose(Params(update={"objective": "step_dpo"}).update.step_dpo.beta, 0.1)
+
+
+def test_a_broken_pairs_table_is_refused_by_the_update(tmp_path):
+    """The update reads iter_<i>/pairs.parquet against the step table: a pair naming a turn the steps lack, a
+    non-finite margin and a missing column are each refused with the file and what is wrong."""
+    from pipeline.data import paths, tables
+    from stages.update import read_pairs
+    from tests.unit.test_tables import steps_frame
+
+    class Job:
+        def path(self, template):
+            return tmp_path / {paths.PAIRS: "pairs.parquet", paths.STEPS: "steps.parquet"}[template]
+
+    tables.write_table(steps_frame(), tmp_path / "steps.parquet", tables.STEPS)    # episodes 0 and 1, steps 0-2
+    good = pl.DataFrame({"task_group": [7], "step_group": [3], "chosen_episode": [1], "chosen_step": [1],
+                         "rejected_episode": [0], "rejected_step": [1], "chosen_value": [1.0],
+                         "rejected_value": [0.0], "gap": [1.0], "margin": [0.5]})
+    tables.write_table(good, tmp_path / "pairs.parquet", tables.PAIRS)
+    got = read_pairs(Job())
+    assert got.triples == [(1, 0, 0.5)] and got.prompts == [[1, 2], [1, 2]]     # turns in (episode, step) order
+    tables.write_table(good.with_columns(pl.lit(4, pl.Int64).alias("rejected_episode")), tmp_path / "pairs.parquet",
+                       tables.PAIRS)
+    with pytest.raises(ValueError, match=r"pairs.parquet: pairs name turns that \S*steps.parquet does not hold; "
+                                         r"rerun the pairs stage"):
+        read_pairs(Job())
+    good.with_columns(pl.lit(float("nan")).alias("margin")).write_parquet(tmp_path / "pairs.parquet")
+    with pytest.raises(tables.TableError, match=r"pairs.parquet: column 'margin' holds nan"):
+        read_pairs(Job())
+    good.drop("gap").write_parquet(tmp_path / "pairs.parquet")
+    with pytest.raises(tables.TableError, match=r"pairs.parquet: column 'gap' is missing"):
+        read_pairs(Job())
