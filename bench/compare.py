@@ -283,8 +283,7 @@ def plot_times(tm: pl.DataFrame, colors) -> str:
 
 
 def plot_curves(cv: pl.DataFrame, tables: dict, baseline: str) -> str:
-
-
+    """The held-out success figure (`bench.learning.plot`), as an embedded PNG."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "curves.png"
         plot(cv.select("method", "seed", "iteration", "success_rate"), path, tables, baseline)

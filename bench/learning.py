@@ -307,7 +307,7 @@ def plot(curves: pl.DataFrame, path: Path, tasks: dict | None = None, baseline: 
     colors = mean_curves(ax, curves, "method", lambda method, n: f"{method} (n={n})", tasks)
     ax.set_title("Learning curves: mean over seeds, with their spread")
     if paired:
-        # the seeds differ far more than the methods do; the difference to GRPO on the same seed removes that
+        # the seeds differ far more than the methods do; the difference to the baseline on the same seed removes that
         ax = axes[0][1]
         diff = diff_bands(curves, baseline, tasks)
         for method in [m for m in colors if m != baseline]:
