@@ -36,7 +36,7 @@ import polars as pl
 import yaml
 
 from bench import log_run
-from bench.learning import _params, _snakemake, _workflow, collect, continuing_run, run_side_by_side
+from bench.learning import _params, _snakemake, _workflow, collect, continuing_run, curve_bands, run_side_by_side
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
@@ -175,28 +175,32 @@ def verdicts(work: Path, arms: list[str], methods: list[str], seeds: list[int]) 
     return verdict_frame(found), panels
 
 
-def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path) -> None:
+def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict | None = None) -> None:
+    """Held-out success per arm and method with `bench.learning.curve_bands`' band (± one standard deviation over
+    seeds; on one seed ± one standard error over its held-out tasks, from `tasks`, the runs' `task_success` tables
+    keyed by ((method, arm), seed)), and the turns and tool calls a task samples and copies."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=120)
     ax = axes[0]
     arms = curves["arm"].unique(maintain_order=True).to_list()
     colors = {a: f"C{k}" for k, a in enumerate(arms)}
     styles = {m: s for m, s in zip(curves["method"].unique(maintain_order=True).to_list(), ("-", "--", ":", "-."))}
-    agg = curves.group_by("arm", "method", "iteration").agg(
-        pl.col("success_rate").mean().alias("m"), pl.col("success_rate").std().fill_null(0.0).alias("s"),
-        pl.len().alias("n")).sort("iteration")
+    lines = curves.with_columns(pl.concat_list("method", "arm").list.join(", ").alias("line"))
+    keyed = {(f"{m}, {a}", s): t for ((m, a), s), t in (tasks or {}).items()}
+    agg = curve_bands(lines, key="line", tasks=keyed)
+    band_label = {"seeds": "± std over seeds", "tasks": "one seed: ± s.e. over held-out tasks", "none": "one seed"}
     for method in styles:
         for arm in arms:
-            d = agg.filter((pl.col("arm") == arm) & (pl.col("method") == method))
+            d = agg.filter(pl.col("line") == f"{method}, {arm}").sort("iteration")
             if d.height == 0:
                 continue
             x, m, sd = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
             ax.plot(x, m, styles[method], color=colors[arm], marker="o", ms=3,
-                    label=f"{method}, {arm} (n={int(d['n'].max())})")
-            ax.fill_between(x, m - sd, m + sd, color=colors[arm], alpha=0.06)
+                    label=f"{method}, {arm} (n={int(d['n'].max())}; {band_label[d['band'][0]]})")
+            ax.fill_between(x, m - sd, m + sd, color=colors[arm], alpha=0.12)
     ax.set_xlabel("iteration")
     ax.set_ylabel("held-out success rate")
-    ax.set_title("Held-out success: mean over seeds (band: ± one std)")
+    ax.set_title("Held-out success per arm, with its band")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax = axes[1]
@@ -230,7 +234,9 @@ def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], ou
     write_text_atomic(out / "branching.csv", table.write_csv())
     if verdict_table.height:
         write_text_atomic(out / "branching_verdicts.csv", verdict_table.write_csv())
-    plot(curves, rollouts, out / "branching.png")
+    tasks = {((m, a), sd): task_success(work / a / f"{m}_s{sd}" / "results") for a in arms for m in methods
+             for sd in seeds if len(seeds) == 1}
+    plot(curves, rollouts, out / "branching.png", tasks)
     with pl.Config(tbl_rows=30, tbl_cols=20, tbl_width_chars=220, float_precision=3):
         print(table)
     print("\n".join(panels))
