@@ -36,7 +36,16 @@ import polars as pl
 import yaml
 
 from bench import log_run
-from bench.learning import _params, _snakemake, _workflow, collect, continuing_run, curve_bands, run_side_by_side
+from bench.learning import (
+    BAND_WORDS,
+    _params,
+    _snakemake,
+    _workflow,
+    collect,
+    continuing_run,
+    curve_bands,
+    run_side_by_side,
+)
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params, with_overrides
 from pipeline.credit.grouping import build_groups
@@ -158,11 +167,12 @@ def summarise(curves: pl.DataFrame, rollouts: pl.DataFrame) -> pl.DataFrame:
     return success.join(means, on=["arm", "method"], how="left")
 
 
-def verdicts(work: Path, arms: list[str], methods: list[str], seeds: list[int]) -> tuple[pl.DataFrame, list[str]]:
-    """Per method, every arm against the plain one (the first arm) and, where both ran, entropy against uniform."""
+def verdicts(runs: dict, arms: list[str], methods: list[str]) -> tuple[pl.DataFrame, list[str]]:
+    """Per method, every arm against the plain one (the first arm) and, where both ran, entropy against uniform;
+    `runs`: the runs' `task_success` tables keyed by ((method, arm), seed)."""
     found, panels = [], []
     for m in methods:
-        tables = {(a, s): task_success(work / a / f"{m}_s{s}" / "results") for a in arms for s in seeds}
+        tables = {(a, s): t for ((mm, a), s), t in runs.items() if mm == m}
         pairs = [(arms[0], [a for a in arms[1:]])]
         if "entropy" in arms and "uniform" in arms:
             pairs.append(("uniform", ["entropy"]))
@@ -188,7 +198,6 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
     lines = curves.with_columns(pl.concat_list("method", "arm").list.join(", ").alias("line"))
     keyed = {(f"{m}, {a}", s): t for ((m, a), s), t in (tasks or {}).items()}
     agg = curve_bands(lines, key="line", tasks=keyed)
-    band_label = {"seeds": "± std over seeds", "tasks": "one seed: ± s.e. over held-out tasks", "none": "one seed"}
     for method in styles:
         for arm in arms:
             d = agg.filter(pl.col("line") == f"{method}, {arm}").sort("iteration")
@@ -196,7 +205,7 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
                 continue
             x, m, sd = d["iteration"].to_numpy(), d["m"].to_numpy(), d["s"].to_numpy()
             ax.plot(x, m, styles[method], color=colors[arm], marker="o", ms=3,
-                    label=f"{method}, {arm} (n={int(d['n'].max())}; {band_label[d['band'][0]]})")
+                    label=f"{method}, {arm} (n={int(d['n'].max())}; {BAND_WORDS[d['band'][0]]})")
             ax.fill_between(x, m - sd, m + sd, color=colors[arm], alpha=0.12)
     ax.set_xlabel("iteration")
     ax.set_ylabel("held-out success rate")
@@ -227,16 +236,15 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
 def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True):
     curves, rollouts = collect_all(work, arms, methods, seeds)
     table = summarise(curves, rollouts)
-    verdict_table, panels = verdicts(work, arms, methods, seeds)
+    runs = {((m, a), s): task_success(work / a / f"{m}_s{s}" / "results") for m in methods for a in arms for s in seeds}
+    verdict_table, panels = verdicts(runs, arms, methods)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "branching_curves.csv", curves.write_csv())
     write_text_atomic(out / "branching_rollouts.csv", rollouts.write_csv())
     write_text_atomic(out / "branching.csv", table.write_csv())
     if verdict_table.height:
         write_text_atomic(out / "branching_verdicts.csv", verdict_table.write_csv())
-    tasks = {((m, a), sd): task_success(work / a / f"{m}_s{sd}" / "results") for a in arms for m in methods
-             for sd in seeds if len(seeds) == 1}
-    plot(curves, rollouts, out / "branching.png", tasks)
+    plot(curves, rollouts, out / "branching.png", runs)
     with pl.Config(tbl_rows=30, tbl_cols=20, tbl_width_chars=220, float_precision=3):
         print(table)
     print("\n".join(panels))
