@@ -9,7 +9,8 @@ against prefix trees of at most `micro_batch_tokens`), and the padded tokens a p
 update's work on one minibatch of `--turns` turns of the first iteration (drawn at random, as the update's are),
 side by side in this process, alternating: the PPO loss's forward and backward over the checkpoint (LoRA adapters
 where `policy.lora` is set, as the update trains), padded (`packing: none`, `micro_batch_size` turns a pass) against
-packed (`tree`, `micro_batch_tokens`), and the no-grad log-prob pass (log pi_old, the reference) likewise; the
+packed (`tree`, `micro_batch_tokens`; with `--attention paths mask`, each budget under both of the trees'
+attentions, `pipeline.model.packing`), and the no-grad log-prob pass (log pi_old, the reference) likewise; the
 seconds of each and the ratio. Writes `OUT/packing_tokens.csv` and `OUT/packing_time.csv`.
 
 `--fits METHOD...` times the learned methods' fits as well (those whose settings have a `packing` key: OPRL's PRM,
@@ -69,7 +70,9 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
-def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int]) -> list[dict]:
+def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, budgets: list[int],
+           attentions: tuple[str, ...] = ("paths",)) -> list[dict]:
+    from pipeline.model import packing
     from pipeline.model.policy import load_policy, with_lora
     from pipeline.model.ppo import ppo_update, sequence_logprobs
 
@@ -84,12 +87,13 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
     trainable = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.SGD(trainable, lr=0.0)       # the same weights every repeat
     u = params.update
-    variants = [("none", None, u.model_copy(update={"packing": "none", "minibatch_size": n}))]
-    variants += [("tree", b, u.model_copy(update={"packing": "tree", "micro_batch_tokens": b, "minibatch_size": n}))
-                 for b in budgets]
+    variants = [("none", None, None, u.model_copy(update={"packing": "none", "minibatch_size": n}))]
+    variants += [("tree", b, a, u.model_copy(update={"packing": "tree", "micro_batch_tokens": b, "minibatch_size": n}))
+                 for b in budgets for a in attentions]
     rows = []
     for r in range(repeats):
-        for name, budget, cfg in variants:
+        for name, budget, attention, cfg in variants:
+            packing.ATTENTION["mode"] = attention or "paths"
             t0 = time.perf_counter()
             ppo_update(model, opt, prompts, responses, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2), old,
                        cfg.model_copy(update={"epochs": 1}), tok.pad_token_id, seed=0)
@@ -97,9 +101,9 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
             sequence_logprobs(model, prompts, responses, tok.pad_token_id, u.micro_batch_size or n,
                               packing=name, max_tokens=budget)
             t2 = time.perf_counter()
-            rows.append({"repeat": r, "packing": name, "budget": budget, "turns": n, "update_s": t1 - t0,
-                         "logprobs_s": t2 - t1, "device": device, "dtype": params.policy.dtype})
-            label = name if budget is None else f"{name} (budget {budget})"
+            rows.append({"repeat": r, "packing": name, "budget": budget, "attention": attention, "turns": n,
+                         "update_s": t1 - t0, "logprobs_s": t2 - t1, "device": device, "dtype": params.policy.dtype})
+            label = name if budget is None else f"{name} (budget {budget}, {attention} attention)"
             print(f"  repeat {r} {label}: update {t1 - t0:.1f} s, log-probs {t2 - t1:.1f} s", flush=True)
     return rows
 
@@ -152,6 +156,8 @@ def main(argv=None) -> None:
                     help="the packed micro-batches' token budget; several: each is counted and timed")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--attention", nargs="+", default=["paths"], choices=["paths", "mask"],
+                    help="the packed passes' attention (pipeline.model.packing.ATTENTION): each is timed")
     ap.add_argument("--fits", nargs="*", default=[], metavar="METHOD", help="learned methods whose fit to time")
     ap.add_argument("--fit-groups", type=int, default=4, help="task groups of the first iteration the fits see")
     args = ap.parse_args(argv)
@@ -170,14 +176,15 @@ def main(argv=None) -> None:
         pl.DataFrame(rows).write_csv(tmp)
     first = read_table(run / f"iter_{args.iterations[0]}" / "steps.parquet", STEPS)
     times = pl.DataFrame(timing(params, run / "iter_0" / "checkpoint", first, args.turns, args.repeats,
-                                args.micro_batch_tokens))
+                                args.micro_batch_tokens, tuple(args.attention)))
     with atomic_file(args.out / "packing_time.csv") as tmp:
         times.write_csv(tmp)
-    med = times.group_by("packing", "budget", maintain_order=True).agg(pl.col("update_s").median(),
-                                                                      pl.col("logprobs_s").median())
+    med = times.group_by("packing", "budget", "attention", maintain_order=True).agg(pl.col("update_s").median(),
+                                                                                   pl.col("logprobs_s").median())
     none = med.filter(pl.col("packing") == "none").row(0, named=True)
     for tree in med.filter(pl.col("packing") == "tree").iter_rows(named=True):
-        print(f"median of {args.repeats}, budget {tree['budget']}: update {none['update_s']:.1f} s padded, "
+        print(f"median of {args.repeats}, budget {tree['budget']}, {tree['attention']} attention: update "
+              f"{none['update_s']:.1f} s padded, "
               f"{tree['update_s']:.1f} s packed ({none['update_s'] / tree['update_s']:.2f}x); log-probs "
               f"{none['logprobs_s']:.1f} s, {tree['logprobs_s']:.1f} s "
               f"({none['logprobs_s'] / tree['logprobs_s']:.2f}x)")

@@ -258,12 +258,12 @@ def method_runs(grpo_run, tmp_path_factory) -> dict[str, MethodRun]:
 PAD = 0
 
 
-def tiny_llama(seed=0):
+def tiny_llama(seed=0, heads=2, kv_heads=2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
                       pad_token_id=PAD, tie_word_embeddings=True)
     return LlamaForCausalLM(cfg).eval()
 

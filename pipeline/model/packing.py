@@ -12,13 +12,24 @@ to floating-point summation order.
 packed or not, so that the update, the warm start and the fits change only the call. Gradients flow through the
 shared nodes once, as the sum of what each turn would have sent: the same gradient.
 
-Memory: the mask is T x T booleans for T packed tokens (4 MiB at T = 2,048; SDPA may widen it to the compute dtype,
-16 MiB in fp32), beside activations that scale with T instead of the turns' total length; `micro_batches` sizes
-micro-batches by packed tokens (`update.micro_batch_tokens`).
+Attention, two ways (`ATTENTION`):
+
+- `paths` (where the model's attention is Hugging Face's SDPA or eager one without logit soft-capping): each
+  token's query attends along its own root-to-node path only. In the order the tree is built, the nodes a sequence
+  adds are a suffix of it; that suffix is cut into chunks of `CHUNK` queries, each chunk attending to its path's
+  keys up to itself (gathered, causal within the chunk). Scores cost about T x (longest sequence) instead of T x T,
+  and no T x T mask is built: `_PathLayout`, `_path_attention`.
+- `mask`: one T x T boolean mask (a token sees its ancestors; 4 MiB at T = 2,048, 16 MiB where SDPA widens it to
+  fp32) over the whole row, which SDPA's CPU kernel computes densely, masked or not. Any model that takes a 4-D
+  mask.
+
+Memory: activations scale with T instead of the turns' total length; `micro_batches` sizes micro-batches by packed
+tokens (`update.micro_batch_tokens`).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +38,12 @@ import torch.nn.functional as F
 from pipeline.model.policy import _accepts_logits_to_keep, _lm_class, pad_batch, token_logprobs
 from pipeline.model.precision import autocast
 
-__all__ = ["Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens", "passes",
-           "response_logprobs"]
+__all__ = ["ATTENTION", "Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens",
+           "passes", "response_logprobs", "tree_forward"]
+
+ATTENTION = {"mode": "paths"}   # "paths" or "mask" (module docstring); bench.packing times both
+CHUNK = 32                      # queries per chunk of a path's new nodes
+_IMPL = "creditrl_tree_paths"   # the name of the path attention in transformers' AttentionInterface
 
 
 @dataclass(frozen=True)
@@ -160,17 +175,128 @@ def _common_prefix(a, b) -> int:
     return n
 
 
-def attention_mask(model, tree: Packed) -> torch.Tensor:
-    """The tree's mask as the model's attention takes a ready 4-D mask: booleans for SDPA and the kernels, an
-    additive float mask (0 or the float minimum) for eager attention, which adds whatever it is given. A model with
-    sliding-window attention is refused once a sequence is longer than its window (the mask does not reproduce it)."""
+@dataclass(frozen=True)
+class _PathLayout:
+    """Where each chunk of queries reads: `queries` [C, CHUNK] node of each query slot, `keys` [C, K] node of each
+    key slot (its path's nodes up to the chunk's end), `mask` [C, 1, CHUNK, K] (a query sees the keys at its depth
+    or above on its path; an empty slot sees key 0 so that no row is all masked), `valid` [C * CHUNK] the slots that
+    hold a query; every node is a query exactly once."""
+    queries: torch.Tensor
+    keys: torch.Tensor
+    mask: torch.Tensor
+    valid: torch.Tensor
+    tokens: int
+
+    def to(self, device) -> "_PathLayout":
+        return _PathLayout(self.queries.to(device), self.keys.to(device), self.mask.to(device),
+                           self.valid.to(device), self.tokens)
+
+
+def _path_layout(tree: Packed, chunk: int = CHUNK) -> _PathLayout:
+    """The chunks of `tree`: for each sequence, in the order the tree was built, the nodes it added (a suffix of its
+    path: what it shares with earlier sequences is a prefix) in chunks of `chunk` queries."""
+    spans = []                      # (sequence, first depth, end depth) of each chunk
+    seen = 0                        # nodes numbered so far: a sequence's new nodes are those >= seen
+    for i, path in enumerate(tree.paths):
+        new = (path >= seen).nonzero()
+        if len(new) == 0:
+            continue
+        first = int(new[0])
+        for a in range(first, len(path), chunk):
+            spans.append((i, a, min(a + chunk, len(path))))
+        seen = max(seen, int(path.max()) + 1)
+    width = max(end for _, _, end in spans)
+    queries = torch.zeros((len(spans), chunk), dtype=torch.long)
+    keys = torch.zeros((len(spans), width), dtype=torch.long)
+    mask = torch.zeros((len(spans), 1, chunk, width), dtype=torch.bool)
+    valid = torch.zeros((len(spans), chunk), dtype=torch.bool)
+    depth_q = torch.arange(chunk).unsqueeze(1)
+    depth_k = torch.arange(width).unsqueeze(0)
+    for c, (i, a, end) in enumerate(spans):
+        path = tree.paths[i]
+        queries[c, : end - a] = path[a:end]
+        keys[c, :end] = path[:end]
+        valid[c, : end - a] = True
+        mask[c, 0] = (depth_k <= depth_q + a) & (depth_k < end)
+        mask[c, 0, end - a:] = False
+        mask[c, 0, end - a:, 0] = True
+    return _PathLayout(queries, keys, mask, valid.reshape(-1), tree.tokens)
+
+
+_ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tree_forward`)
+
+
+def _path_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' attention-function interface ([1, heads, T, d] in, [1, T, heads, d] out) over `_ACTIVE[-1]`:
+    each chunk's queries against its path's keys, SDPA per chunk, the results put back at their nodes."""
+    layout = _ACTIVE[-1]
+    groups = getattr(module, "num_key_value_groups", 1)
+    q = query[0][:, layout.queries].transpose(0, 1)            # [C, heads, CHUNK, d]
+    k = key[0][:, layout.keys].transpose(0, 1)                 # [C, kv heads, K, d]
+    v = value[0][:, layout.keys].transpose(0, 1)
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling)
+    rows = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])[layout.valid]     # [T, heads, d]
+    nodes = layout.queries.reshape(-1)[layout.valid]
+    put = rows.new_zeros((layout.tokens,) + rows.shape[1:]).index_copy(0, nodes, rows)
+    return put.unsqueeze(0), None
+
+
+def _paths_apply(model) -> bool:
+    """Whether the path attention can stand in for `model`'s: a transformers model whose attention is SDPA or
+    eager (the same maths) without logit soft-capping (a sliding window is checked by `_check_window`)."""
     config = getattr(model, "config", None)
-    window = getattr(config, "sliding_window", None)
+    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    return not getattr(config, "attn_logit_softcapping", None)
+
+
+def _check_window(model, tree: Packed) -> None:
+    """A model with sliding-window attention is refused once a sequence is longer than its window (neither the
+    mask nor the paths reproduce the window)."""
+    window = getattr(getattr(model, "config", None), "sliding_window", None)
     longest = int(tree.positions.max()) + 1 if tree.tokens else 0
     if isinstance(window, int) and longest > window:
         raise ValueError(f"packing tree: a sequence of {longest} tokens is longer than the model's sliding attention "
                          f"window ({window}), which the tree's mask does not reproduce; set the packing key to none "
                          "for this model")
+
+
+def _register_paths() -> None:
+    from transformers import AttentionInterface  # start-up cost: transformers
+
+    if _IMPL not in AttentionInterface._global_mapping:
+        AttentionInterface.register(_IMPL, _path_attention)
+
+
+@contextmanager
+def tree_forward(model, tree: Packed, device):
+    """The keyword arguments of a forward of `model` over `tree` (input ids, positions, and the mask or the path
+    attention, `ATTENTION`), valid inside the block: the path attention swaps the model's attention implementation
+    for the block's forward."""
+    kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device)}
+    _check_window(model, tree)
+    if ATTENTION["mode"] != "paths" or not _paths_apply(model):
+        yield {**kwargs, "attention_mask": attention_mask(model, tree).to(device)}
+        return
+    _register_paths()
+    config = model.config
+    before = config._attn_implementation
+    _ACTIVE.append(_path_layout(tree).to(device))
+    config._attn_implementation = _IMPL
+    try:
+        yield kwargs
+    finally:
+        config._attn_implementation = before
+        _ACTIVE.pop()
+
+
+def attention_mask(model, tree: Packed) -> torch.Tensor:
+    """The tree's mask as the model's attention takes a ready 4-D mask: booleans for SDPA and the kernels, an
+    additive float mask (0 or the float minimum) for eager attention, which adds whatever it is given."""
+    _check_window(model, tree)
+    config = getattr(model, "config", None)
     mask = tree.mask[None, None]
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
         return torch.zeros(mask.shape, dtype=torch.float32).masked_fill(~mask, torch.finfo(torch.float32).min)
@@ -195,9 +321,7 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     reads = [(i, t) for i, (p, s) in enumerate(zip(prompts, seqs)) for t in range(len(p) - 1, len(s) - 1)]
     rows = torch.stack([tree.paths[i][t] for i, t in reads]) if reads else torch.zeros(0, dtype=torch.long)
     keep, where = torch.unique(rows, return_inverse=True)
-    kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device),
-              "attention_mask": attention_mask(model, tree).to(device)}
-    with autocast(model):
+    with autocast(model), tree_forward(model, tree, device) as kwargs:
         if _accepts_logits_to_keep(_lm_class(model)):
             logits = model(**kwargs, logits_to_keep=keep.to(device)).logits[0].float()
         else:

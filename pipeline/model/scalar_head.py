@@ -117,15 +117,13 @@ class ScalarHeadModel:
         (`pipeline.model.packing`): what `__call__` gives on their padded batch."""
         import torch  # start-up cost: torch
 
-        from pipeline.model.packing import attention_mask, pack  # start-up cost: torch
+        from pipeline.model.packing import pack, tree_forward  # start-up cost: torch
         from pipeline.model.precision import autocast  # start-up cost: torch
 
         tree = pack(sequences)
         device = self.head.weight.device
-        with autocast(self.modules):
-            hidden = self.body(input_ids=tree.ids.unsqueeze(0).to(device),
-                               position_ids=tree.positions.unsqueeze(0).to(device),
-                               attention_mask=attention_mask(self.body, tree).to(device)).last_hidden_state[0]
+        with autocast(self.modules), tree_forward(self.body, tree, device) as kwargs:
+            hidden = self.body(**kwargs).last_hidden_state[0]
         last = torch.stack([path[-1] for path in tree.paths]).to(device)
         return self.head(hidden[last].float()).squeeze(-1)
 

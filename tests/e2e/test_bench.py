@@ -107,15 +107,15 @@ def test_credit_quality_smoke(grpo_run, tmp_path):
 @pytest.mark.e2e
 def test_packing_smoke(grpo_run, tmp_path):
     """`bench.packing` on the tiny run: the iteration's tokens, prefix trees that hold fewer of them the larger their
-    budget, both passes timed per budget, and SPA's fit timed padded and packed on the first task group's turns
-    (`--fits`, the credit benchmark's replay of the fit stage; every episode of the tiny run's group fails, so both
-    score 0)."""
+    budget, both passes timed per budget and tree attention, and SPA's fit timed padded and packed on the first task
+    group's turns (`--fits`, the credit benchmark's replay of the fit stage; every episode of the tiny run's group
+    fails, so both score 0)."""
     from bench import packing
 
     out = tmp_path / "bench"
     packing.main(["--run", str(grpo_run / "results"), "--params", str(grpo_run / "params.yaml"), "--iterations", "1",
-                  "--turns", "4", "--repeats", "1", "--micro-batch-tokens", "200", "4096", "--fits", "spa",
-                  "--fit-groups", "1", "--out", str(out)])
+                  "--turns", "4", "--repeats", "1", "--micro-batch-tokens", "200", "4096", "--attention", "paths",
+                  "mask", "--fits", "spa", "--fit-groups", "1", "--out", str(out)])
     steps = pl.read_parquet(grpo_run / "results" / "iter_1" / "steps.parquet")
     tokens = pl.read_csv(out / "packing_tokens.csv")
     total = sum(len(p) + len(r) for p, r in zip(steps["prompt_ids"].to_list(), steps["response_ids"].to_list()))
@@ -124,7 +124,9 @@ def test_packing_smoke(grpo_run, tmp_path):
     assert large < small < total                   # a group's episodes share their first prompt
     assert tokens["tree_whole_iteration"][0] <= large
     times = pl.read_csv(out / "packing_time.csv")
-    assert times.select("packing", "budget").rows() == [("none", None), ("tree", 200), ("tree", 4096)]
+    assert times.select("packing", "budget", "attention").rows() == [
+        ("none", None, None), ("tree", 200, "paths"), ("tree", 200, "mask"), ("tree", 4096, "paths"),
+        ("tree", 4096, "mask")]
     assert (times["update_s"] > 0).all() and times["device"].n_unique() == 1
     fits = pl.read_csv(out / "packing_fits.csv")
     assert fits["packing"].to_list() == ["none", "tree"]

@@ -29,6 +29,23 @@ def test_three_turns_sharing_a_prefix_pack_into_their_tree_by_hand():
     assert packed_tokens([[1, 2], [1, 2]]) == 2 and packed_tokens([[1, 2], [2, 1]]) == 4
 
 
+def test_the_path_attention_reads_each_new_node_once_along_its_own_path_by_hand():
+    from pipeline.model.packing import _path_layout
+
+    # a: nodes 0 1 2 3 | b: 0 1 4 (adds 4 at depth 2) | c: 0 1 2 5 6 (adds 5 6 at depths 3 4); chunks of 2 queries
+    layout = _path_layout(pack([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]]), chunk=2)
+    assert layout.queries.tolist() == [[0, 1], [2, 3], [4, 0], [5, 6]]
+    assert layout.valid.tolist() == [True, True, True, True, True, False, True, True]
+    assert layout.keys.tolist() == [[0, 1, 0, 0, 0], [0, 1, 2, 3, 0], [0, 1, 4, 0, 0], [0, 1, 2, 5, 6]]
+    assert layout.mask[:, 0].int().tolist() == [
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]],
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]],
+        [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]],      # node 4 sees 0 1 and itself; the empty slot sees key 0 only
+        [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]]
+    # a sequence the tree already holds (a repeat, or a prefix of another) adds no queries
+    assert _path_layout(pack([[1, 2, 3], [1, 2], [1, 2, 3]]), chunk=2).queries.tolist() == [[0, 1], [2, 0]]
+
+
 def test_micro_batches_hold_at_most_the_token_budget_and_put_shared_prefixes_together():
     seqs = [[1, 2, 3], [9, 8], [1, 2, 4], [9, 7], [5, 5, 5, 5, 5]]
     # sorted: [1 2 3], [1 2 4], [5 5 5 5 5], [9 7], [9 8]; trees of at most 4 tokens; the 5-token turn goes alone
@@ -63,10 +80,19 @@ def shared_turns(n=12, seed=1):
     return prompts, responses, [1.5, -1.0, 0.5, -2.0, 1.0, 0.25] * (n // 6)
 
 
-@pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model", "eager attention"])
-def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, tokenizer):
+@pytest.mark.parametrize("attention", ["paths", "mask"])
+@pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model", "eager attention",
+                                   "grouped queries"])
+def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, attention, tokenizer, monkeypatch):
+    import pipeline.model.packing as packing
+
+    monkeypatch.setitem(packing.ATTENTION, "mode", attention)
+    if attention == "paths":            # the path attention builds no T x T mask: prove it is the one that ran
+        monkeypatch.setattr(packing, "attention_mask", lambda *a: pytest.fail("the mask was built"))
     if model == "project's tiny model":
         m = build_tiny_model(tokenizer, TinyModelConfig(), seed=0)
+    elif model == "grouped queries":    # 4 query heads share 2 key/value heads, as SmolLM2's 9 share 3
+        m = tiny_llama(seed=2, heads=4, kv_heads=2)
     else:
         m = tiny_llama(seed=2)
         if model == "eager attention":     # adds its mask to the scores: it needs 0 / -inf, not booleans
@@ -87,6 +113,7 @@ def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, tokenizer
         assert (plain[mask] - tree[mask]).abs().max() < 1e-5
         assert (plain_h[mask] - tree_h[mask]).abs().max() < 1e-5
         assert plain[mask].abs().min() > 0.1           # real log-probs were compared, not zeros
+    assert m.config._attn_implementation in ("sdpa", "eager")      # the model's own attention is back
 
 
 def train(model, **update):
@@ -95,8 +122,12 @@ def train(model, **update):
     return sgd_update(model, *shared_turns(), lr=50.0, epochs=1, minibatch_size=12, **update)
 
 
+@pytest.mark.parametrize("attention", ["paths", "mask"])
 @pytest.mark.parametrize("lora", [False, True])
-def test_one_update_step_changes_the_weights_alike_packed_or_not(lora):
+def test_one_update_step_changes_the_weights_alike_packed_or_not(lora, attention, monkeypatch):
+    import pipeline.model.packing as packing
+
+    monkeypatch.setitem(packing.ATTENTION, "mode", attention)
     def fresh():
         m = tiny_llama(seed=3)
         return with_lora(m, LoraSettings(r=4, alpha=8), seed=0) if lora else m
