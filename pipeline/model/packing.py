@@ -245,9 +245,13 @@ def _path_attention(module, query, key, value, attention_mask, dropout: float = 
 
 def _paths_apply(model) -> bool:
     """Whether the path attention can stand in for `model`'s: a transformers model whose attention is SDPA or
-    eager (the same maths) without logit soft-capping (a sliding window is checked by `_check_window`)."""
+    eager (the same maths) without logit soft-capping (a sliding window is checked by `_check_window`), and without
+    gradient checkpointing, whose backward pass recomputes the layers after `tree_forward` has given the model its
+    own attention back."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    if getattr(model, "is_gradient_checkpointing", False):
         return False
     return not getattr(config, "attn_logit_softcapping", None)
 

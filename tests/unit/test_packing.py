@@ -150,6 +150,30 @@ def test_one_update_step_changes_the_weights_alike_packed_or_not(lora, attention
         assert stats[k] == pytest.approx(ref_stats[k], abs=1e-6), k
 
 
+def test_with_gradient_checkpointing_the_trees_take_the_mask_and_train_alike(monkeypatch):
+    """Checkpointing recomputes each layer in the backward pass, after the packed forward has returned: the path
+    attention would not be there to recompute it, so such a model takes the mask, and the step is still the padded
+    one's."""
+    import pipeline.model.packing as packing
+
+    masks = []
+    real = packing.attention_mask
+    monkeypatch.setattr(packing, "attention_mask", lambda *a: masks.append(1) or real(*a))
+
+    def fresh():
+        m = tiny_llama(seed=3)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return m.train()
+
+    init = dict(fresh().named_parameters())
+    ref, _ = train(fresh(), micro_batch_size=4)
+    packed, _ = train(fresh(), packing="tree", micro_batch_tokens=40)
+    assert masks, "a checkpointed model must take the mask"
+    for name, w in ref.items():
+        change, packed_change = w - init[name], packed[name] - init[name]
+        assert float((packed_change - change).abs().max().detach()) <= 1e-5 * float(change.abs().max().detach()), name
+
+
 def test_the_tree_micro_batches_of_the_update_regroup_turns():
     from pipeline.model.ppo import _micro, _Turns
 
