@@ -208,6 +208,7 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
                     label=f"{method}, {arm} (n={int(d['n'].max())}; {BAND_WORDS[d['band'][0]]})")
             ax.fill_between(x, m - sd, m + sd, color=colors[arm], alpha=0.12)
     ax.set_xlabel("iteration")
+    ax.set_xticks(sorted(curves["iteration"].unique().to_list()))   # whole iterations, however few
     ax.set_ylabel("held-out success rate")
     ax.set_title("Held-out success per arm, with its band")
     ax.grid(alpha=0.3)
