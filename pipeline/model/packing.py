@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -48,16 +49,26 @@ _IMPL = "creditrl_tree_paths"   # the name of the path attention in transformers
 
 @dataclass(frozen=True)
 class Packed:
-    """One prefix tree of `n` sequences: `ids`, `positions` ([T]), `mask` ([T, T], row attends to column),
-    `paths[i]` the node of each token of sequence i (its length is the sequence's)."""
+    """One prefix tree of `n` sequences: `ids`, `positions` ([T]), `paths[i]` the node of each token of sequence i
+    (its length is the sequence's)."""
     ids: torch.Tensor
     positions: torch.Tensor
-    mask: torch.Tensor
     paths: list[torch.Tensor]
 
     @property
     def tokens(self) -> int:
         return int(self.ids.shape[0])
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """[T, T], row attends to column: each node sees its ancestors and itself. Built on first use only (the
+        path attention needs none)."""
+        mask = torch.zeros((self.tokens, self.tokens), dtype=torch.bool)
+        for path in self.paths:     # along a path, token t sees tokens 0..t of the same path: its ancestors
+            length = len(path)
+            tril = torch.ones((length, length), dtype=torch.bool).tril()
+            mask[path.unsqueeze(1), path.unsqueeze(0)] |= tril
+        return mask
 
 
 class _Trie:
@@ -102,13 +113,7 @@ def pack(sequences: list[list[int]]) -> Packed:
     position, each node seeing its ancestors and itself."""
     trie = _Trie()
     paths = [torch.tensor(trie.add(seq), dtype=torch.long) for seq in sequences]
-    n = len(trie)
-    mask = torch.zeros((n, n), dtype=torch.bool)
-    for path in paths:              # along a path, token t sees tokens 0..t of the same path: its ancestors
-        length = len(path)
-        tril = torch.ones((length, length), dtype=torch.bool).tril()
-        mask[path.unsqueeze(1), path.unsqueeze(0)] |= tril
-    return Packed(torch.tensor(trie.tokens, dtype=torch.long), torch.tensor(trie.depth, dtype=torch.long), mask, paths)
+    return Packed(torch.tensor(trie.tokens, dtype=torch.long), torch.tensor(trie.depth, dtype=torch.long), paths)
 
 
 def packed_tokens(sequences) -> int:
@@ -180,16 +185,17 @@ class _PathLayout:
     """Where each chunk of queries reads: `queries` [C, CHUNK] node of each query slot, `keys` [C, K] node of each
     key slot (its path's nodes up to the chunk's end), `mask` [C, 1, CHUNK, K] (a query sees the keys at its depth
     or above on its path; an empty slot sees key 0 so that no row is all masked), `valid` [C * CHUNK] the slots that
-    hold a query; every node is a query exactly once."""
+    hold a query, `nodes` the node of each of those slots in order; every node is a query exactly once."""
     queries: torch.Tensor
     keys: torch.Tensor
     mask: torch.Tensor
     valid: torch.Tensor
+    nodes: torch.Tensor
     tokens: int
 
     def to(self, device) -> "_PathLayout":
         return _PathLayout(self.queries.to(device), self.keys.to(device), self.mask.to(device),
-                           self.valid.to(device), self.tokens)
+                           self.valid.to(device), self.nodes.to(device), self.tokens)
 
 
 def _path_layout(tree: Packed, chunk: int = CHUNK) -> _PathLayout:
@@ -220,7 +226,8 @@ def _path_layout(tree: Packed, chunk: int = CHUNK) -> _PathLayout:
         mask[c, 0] = (depth_k <= depth_q + a) & (depth_k < end)
         mask[c, 0, end - a:] = False
         mask[c, 0, end - a:, 0] = True
-    return _PathLayout(queries, keys, mask, valid.reshape(-1), tree.tokens)
+    valid = valid.reshape(-1)
+    return _PathLayout(queries, keys, mask, valid, queries.reshape(-1)[valid], tree.tokens)
 
 
 _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tree_forward`)
@@ -238,8 +245,7 @@ def _path_attention(module, query, key, value, attention_mask, dropout: float = 
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling)
     rows = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])[layout.valid]     # [T, heads, d]
-    nodes = layout.queries.reshape(-1)[layout.valid]
-    put = rows.new_zeros((layout.tokens,) + rows.shape[1:]).index_copy(0, nodes, rows)
+    put = rows.new_zeros((layout.tokens,) + rows.shape[1:]).index_copy(0, layout.nodes, rows)
     return put.unsqueeze(0), None
 
 
@@ -280,10 +286,10 @@ def tree_forward(model, tree: Packed, device):
     attention, `ATTENTION`), valid inside the block: the path attention swaps the model's attention implementation
     for the block's forward."""
     kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device)}
-    _check_window(model, tree)
     if ATTENTION["mode"] != "paths" or not _paths_apply(model):
-        yield {**kwargs, "attention_mask": attention_mask(model, tree).to(device)}
+        yield {**kwargs, "attention_mask": attention_mask(model, tree).to(device)}    # checks the window
         return
+    _check_window(model, tree)
     _register_paths()
     config = model.config
     before = config._attn_implementation
