@@ -16,9 +16,10 @@ Attention, two ways (`ATTENTION`):
 
 - `paths` (where the model's attention is Hugging Face's SDPA or eager one without logit soft-capping): each
   token's query attends along its own root-to-node path only. In the order the tree is built, the nodes a sequence
-  adds are a suffix of it; that suffix is cut into chunks of `CHUNK` queries, each chunk attending to its path's
-  keys up to itself (gathered, causal within the chunk). Scores cost about T x (longest sequence) instead of T x T,
-  and no T x T mask is built: `_PathLayout`, `_path_attention`.
+  adds are a suffix of it; those queries attend to the sequence's path, gathered once (causal: a query sees the
+  keys at its depth or above), one SDPA call per sequence. Scores cost the sum over sequences of (new nodes) x
+  (path length) instead of T x T, the gathered keys and values are those of the sequences' paths (no wider, and
+  grouped-query heads are not repeated), and no T x T mask is built: `_PathLayout`, `_path_attention`.
 - `mask`: one T x T boolean mask (a token sees its ancestors; 4 MiB at T = 2,048, 16 MiB where SDPA widens it to
   fp32) over the whole row, which SDPA's CPU kernel computes densely, masked or not. Any model that takes a 4-D
   mask.
@@ -43,7 +44,6 @@ __all__ = ["ATTENTION", "Packed", "attention_mask", "grouped_micro_batches", "mi
            "passes", "response_logprobs", "tree_forward"]
 
 ATTENTION = {"mode": "paths"}   # "paths" or "mask" (module docstring); bench.packing times both
-CHUNK = 32                      # queries per chunk of a path's new nodes
 _IMPL = "creditrl_tree_paths"   # the name of the path attention in transformers' AttentionInterface
 
 
@@ -181,53 +181,47 @@ def _common_prefix(a, b) -> int:
 
 
 @dataclass(frozen=True)
-class _PathLayout:
-    """Where each chunk of queries reads: `queries` [C, CHUNK] node of each query slot, `keys` [C, K] node of each
-    key slot (its path's nodes up to the chunk's end), `mask` [C, 1, CHUNK, K] (a query sees the keys at its depth
-    or above on its path; an empty slot sees key 0 so that no row is all masked), `valid` [C * CHUNK] the slots that
-    hold a query, `nodes` the node of each of those slots in order; every node is a query exactly once."""
+class _Segment:
+    """One sequence's share of the path attention: `queries` [Lq] the nodes it adds to the tree (a suffix of its
+    path), `keys` [L] its whole path, `mask` [Lq, L] (the query at depth L - Lq + i sees the keys at depth <= its
+    own) or None where the sequence adds its whole path (plain causal attention)."""
     queries: torch.Tensor
     keys: torch.Tensor
-    mask: torch.Tensor
-    valid: torch.Tensor
+    mask: torch.Tensor | None
+
+    def to(self, device) -> "_Segment":
+        return _Segment(self.queries.to(device), self.keys.to(device),
+                        None if self.mask is None else self.mask.to(device))
+
+
+@dataclass(frozen=True)
+class _PathLayout:
+    """Where each sequence's new nodes read (`segments`, in the order the tree was built), `nodes` the query nodes
+    of all segments in order; every node is a query exactly once."""
+    segments: list[_Segment]
     nodes: torch.Tensor
     tokens: int
 
     def to(self, device) -> "_PathLayout":
-        return _PathLayout(self.queries.to(device), self.keys.to(device), self.mask.to(device),
-                           self.valid.to(device), self.nodes.to(device), self.tokens)
+        return _PathLayout([g.to(device) for g in self.segments], self.nodes.to(device), self.tokens)
 
 
-def _path_layout(tree: Packed, chunk: int = CHUNK) -> _PathLayout:
-    """The chunks of `tree`: for each sequence, in the order the tree was built, the nodes it added (a suffix of its
-    path: what it shares with earlier sequences is a prefix) in chunks of `chunk` queries."""
-    spans = []                      # (sequence, first depth, end depth) of each chunk
+def _path_layout(tree: Packed) -> _PathLayout:
+    """The segments of `tree`: for each sequence, in the order the tree was built, the nodes it added (a suffix of
+    its path: what it shares with earlier sequences is a prefix) against its path's nodes."""
+    segments = []
     seen = 0                        # nodes numbered so far: a sequence's new nodes are those >= seen
-    for i, path in enumerate(tree.paths):
+    for path in tree.paths:
         new = (path >= seen).nonzero()
         if len(new) == 0:
             continue
-        first = int(new[0])
-        for a in range(first, len(path), chunk):
-            spans.append((i, a, min(a + chunk, len(path))))
+        first, length = int(new[0]), len(path)
+        mask = None
+        if first > 0:
+            mask = torch.arange(length).unsqueeze(0) <= torch.arange(first, length).unsqueeze(1)
+        segments.append(_Segment(path[first:].clone(), path.clone(), mask))
         seen = max(seen, int(path.max()) + 1)
-    width = max(end for _, _, end in spans)
-    queries = torch.zeros((len(spans), chunk), dtype=torch.long)
-    keys = torch.zeros((len(spans), width), dtype=torch.long)
-    mask = torch.zeros((len(spans), 1, chunk, width), dtype=torch.bool)
-    valid = torch.zeros((len(spans), chunk), dtype=torch.bool)
-    depth_q = torch.arange(chunk).unsqueeze(1)
-    depth_k = torch.arange(width).unsqueeze(0)
-    for c, (i, a, end) in enumerate(spans):
-        path = tree.paths[i]
-        queries[c, : end - a] = path[a:end]
-        keys[c, :end] = path[:end]
-        valid[c, : end - a] = True
-        mask[c, 0] = (depth_k <= depth_q + a) & (depth_k < end)
-        mask[c, 0, end - a:] = False
-        mask[c, 0, end - a:, 0] = True
-    valid = valid.reshape(-1)
-    return _PathLayout(queries, keys, mask, valid, queries.reshape(-1)[valid], tree.tokens)
+    return _PathLayout(segments, torch.cat([g.queries for g in segments]), tree.tokens)
 
 
 _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tree_forward`)
@@ -235,16 +229,17 @@ _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tr
 
 def _path_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' attention-function interface ([1, heads, T, d] in, [1, T, heads, d] out) over `_ACTIVE[-1]`:
-    each chunk's queries against its path's keys, SDPA per chunk, the results put back at their nodes."""
+    per segment, its new nodes' queries against its path's keys (gathered once: no copy wider than the path, and
+    grouped-query heads are not repeated), SDPA, the results put back at their nodes."""
     layout = _ACTIVE[-1]
-    groups = getattr(module, "num_key_value_groups", 1)
-    q = query[0][:, layout.queries].transpose(0, 1)            # [C, heads, CHUNK, d]
-    k = key[0][:, layout.keys].transpose(0, 1)                 # [C, kv heads, K, d]
-    v = value[0][:, layout.keys].transpose(0, 1)
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask, dropout_p=dropout, scale=scaling)
-    rows = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])[layout.valid]     # [T, heads, d]
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    outs = []
+    for g in layout.segments:
+        q = query[:, :, g.queries]                       # [1, heads, Lq, d]
+        k, v = key[:, :, g.keys], value[:, :, g.keys]     # [1, kv heads, L, d]
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, dropout_p=dropout,
+                                                   is_causal=g.mask is None, scale=scaling, enable_gqa=gqa))
+    rows = torch.cat(outs, dim=2)[0].transpose(0, 1)      # [T, heads, d]
     put = rows.new_zeros((layout.tokens,) + rows.shape[1:]).index_copy(0, layout.nodes, rows)
     return put.unsqueeze(0), None
 
