@@ -182,35 +182,35 @@ def _common_prefix(a, b) -> int:
 
 @dataclass(frozen=True)
 class _Segment:
-    """One sequence's share of the path attention: `queries` [Lq] the nodes it adds to the tree (a suffix of its
-    path), `keys` [L] its whole path, `mask` [Lq, L] (the query at depth L - Lq + i sees the keys at depth <= its
-    own) or None where the sequence adds its whole path (plain causal attention)."""
-    queries: torch.Tensor
+    """One sequence's share of the path attention: the nodes `start`..`stop` - 1 it adds to the tree (a suffix of
+    its path: `_Trie` numbers a sequence's new nodes consecutively), `keys` [L] its whole path, `mask` [Lq, L] (the
+    query at depth L - Lq + i sees the keys at depth <= its own) or None where the sequence adds its whole path
+    (plain causal attention)."""
+    start: int
+    stop: int
     keys: torch.Tensor
     mask: torch.Tensor | None
 
     def to(self, device) -> "_Segment":
-        return _Segment(self.queries.to(device), self.keys.to(device),
+        return _Segment(self.start, self.stop, self.keys.to(device),
                         None if self.mask is None else self.mask.to(device))
 
 
 @dataclass(frozen=True)
 class _PathLayout:
-    """Where each sequence's new nodes read (`segments`, in the order the tree was built), `nodes` the query nodes
-    of all segments in order; every node is a query exactly once."""
+    """Where each sequence's new nodes read (`segments`, in the order the tree was built: their node ranges tile
+    0..T - 1 in order, so the segments' outputs concatenated are the row's)."""
     segments: list[_Segment]
-    nodes: torch.Tensor
-    tokens: int
 
     def to(self, device) -> "_PathLayout":
-        return _PathLayout([g.to(device) for g in self.segments], self.nodes.to(device), self.tokens)
+        return _PathLayout([g.to(device) for g in self.segments])
 
 
 def _path_layout(tree: Packed) -> _PathLayout:
     """The segments of `tree`: for each sequence, in the order the tree was built, the nodes it added (a suffix of
     its path: what it shares with earlier sequences is a prefix) against its path's nodes."""
     segments = []
-    seen = 0                        # nodes numbered so far: a sequence's new nodes are those >= seen
+    seen = 0                        # nodes numbered so far: a sequence's new nodes are seen, seen + 1, ...
     for path in tree.paths:
         new = (path >= seen).nonzero()
         if len(new) == 0:
@@ -219,9 +219,9 @@ def _path_layout(tree: Packed) -> _PathLayout:
         mask = None
         if first > 0:
             mask = torch.arange(length).unsqueeze(0) <= torch.arange(first, length).unsqueeze(1)
-        segments.append(_Segment(path[first:].clone(), path.clone(), mask))
-        seen = max(seen, int(path.max()) + 1)
-    return _PathLayout(segments, torch.cat([g.queries for g in segments]), tree.tokens)
+        segments.append(_Segment(seen, seen + length - first, path, mask))
+        seen += length - first
+    return _PathLayout(segments)
 
 
 _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tree_forward`)
@@ -229,19 +229,14 @@ _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tr
 
 def _path_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' attention-function interface ([1, heads, T, d] in, [1, T, heads, d] out) over `_ACTIVE[-1]`:
-    per segment, its new nodes' queries against its path's keys (gathered once: no copy wider than the path, and
-    grouped-query heads are not repeated), SDPA, the results put back at their nodes."""
-    layout = _ACTIVE[-1]
+    per segment, its new nodes' queries (a slice of the row) against its path's keys (gathered once: no copy wider
+    than the path, and grouped-query heads are not repeated), SDPA; the segments' outputs in order are the row's."""
     gqa = getattr(module, "num_key_value_groups", 1) > 1
-    outs = []
-    for g in layout.segments:
-        q = query[:, :, g.queries]                       # [1, heads, Lq, d]
-        k, v = key[:, :, g.keys], value[:, :, g.keys]     # [1, kv heads, L, d]
-        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, dropout_p=dropout,
-                                                   is_causal=g.mask is None, scale=scaling, enable_gqa=gqa))
-    rows = torch.cat(outs, dim=2)[0].transpose(0, 1)      # [T, heads, d]
-    put = rows.new_zeros((layout.tokens,) + rows.shape[1:]).index_copy(0, layout.nodes, rows)
-    return put.unsqueeze(0), None
+    outs = [F.scaled_dot_product_attention(query[:, :, g.start:g.stop], key[:, :, g.keys], value[:, :, g.keys],
+                                           attn_mask=g.mask, dropout_p=dropout, is_causal=g.mask is None,
+                                           scale=scaling, enable_gqa=gqa)
+            for g in _ACTIVE[-1].segments]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def _paths_apply(model) -> bool:

@@ -35,15 +35,14 @@ def test_the_path_attention_reads_each_new_node_once_along_its_own_path_by_hand(
     # a: nodes 0 1 2 3 | b: 0 1 4 (adds 4 at depth 2) | c: 0 1 2 5 6 (adds 5 6 at depths 3 4)
     layout = _path_layout(pack([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6, 7]]))
     a, b, c = layout.segments
-    assert (a.queries.tolist(), a.keys.tolist(), a.mask) == ([0, 1, 2, 3], [0, 1, 2, 3], None)   # plain causal
-    assert (b.queries.tolist(), b.keys.tolist()) == ([4], [0, 1, 4])
+    assert (a.start, a.stop, a.keys.tolist(), a.mask) == (0, 4, [0, 1, 2, 3], None)      # plain causal
+    assert (b.start, b.stop, b.keys.tolist()) == (4, 5, [0, 1, 4])                       # adds node 4
     assert b.mask.int().tolist() == [[1, 1, 1]]                        # node 4 sees 0 1 and itself
-    assert (c.queries.tolist(), c.keys.tolist()) == ([5, 6], [0, 1, 2, 5, 6])
+    assert (c.start, c.stop, c.keys.tolist()) == (5, 7, [0, 1, 2, 5, 6])                 # adds nodes 5 6
     assert c.mask.int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    assert layout.nodes.tolist() == [0, 1, 2, 3, 4, 5, 6] and layout.tokens == 7
     # a sequence the tree already holds (a repeat, or a prefix of another) adds no queries
     again = _path_layout(pack([[1, 2, 3], [1, 2], [1, 2, 3]]))
-    assert [g.queries.tolist() for g in again.segments] == [[0, 1, 2]] and again.nodes.tolist() == [0, 1, 2]
+    assert [(g.start, g.stop) for g in again.segments] == [(0, 3)]
 
 
 def test_micro_batches_hold_at_most_the_token_budget_and_put_shared_prefixes_together():
