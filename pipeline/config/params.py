@@ -50,8 +50,9 @@ EnvConfig = Annotated[Union[tuple(Annotated[s.config, Tag(n)] for n, s in ENV_RE
 class PromptConfig(Section):
     history_turns: int = Field(2, ge=0, le=20, description="earlier turns (observation, action) shown in the prompt")
     demonstrations: int = Field(0, ge=0, le=20, description="expert episodes of the most similar training tasks "
-                                "shown before the task (BM25 over the task text; LearNAT's adaptive demonstrations; "
-                                "needs an environment with an expert); 0: none")
+                                "shown in the task text, after the part tasks share (a database's schema; BM25 over "
+                                "the task text; LearNAT's adaptive demonstrations; needs an environment with an "
+                                "expert); 0: none")
     demonstration_pool: int = Field(200, ge=1, le=100_000, description="warm-start tasks whose expert episodes the "
                                     "demonstrations are drawn from, played once per run")
 

@@ -18,6 +18,9 @@ Optional capabilities, present as methods where the environment has them (`has`,
 - `task_score()`: a score of the episode so far in [0, 1] (partial credit), SPA's R_final where it exists;
 - `task_labels(task)`: a few labels of a task (the search environment's question type and hops, the SQL
   environment's hardness and database) that reports split held-out results by (`bench.task_stats`);
+- `task_brief()` / `task_context()`: the task in a line, for a demonstration of it in another task's prompt, and
+  the leading part of `task_description()` that tasks share (a database's schema), which retrieved demonstrations
+  follow (`pipeline.rollout.demonstrations`);
 - `snapshot()` / `restore(state)`: an opaque copy of the current state, and putting a freshly made environment in
   that state (task included), for branching rollouts; without them a branch replays its parent's responses from
   `reset(task)` (`pipeline.rollout.branching`).

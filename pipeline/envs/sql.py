@@ -421,10 +421,14 @@ class SqlEnv:
         s = self.cfg.sql
         return _gold(self.path, self.task.query, s.timeout_s, s.max_rows)
 
+    def task_context(self) -> str:
+        """The part of the task text the database's questions share (its name and schema), which retrieved
+        demonstrations follow (`prompt.demonstrations`), so that the prompts of one database keep a common prefix."""
+        return f"Database {self.task.db_id}:\n{schema_text(self.path, self.cfg.sql.sample_rows)}\n"
+
     def task_description(self) -> str:
-        schema = schema_text(self.path, self.cfg.sql.sample_rows)
         evidence = f"\nEvidence: {self.task.evidence}" if self.task.evidence else ""
-        return f"Database {self.task.db_id}:\n{schema}\nQuestion: {self.task.question}{evidence}"
+        return f"{self.task_context()}Question: {self.task.question}{evidence}"
 
     def task_brief(self) -> str:
         """The question alone, for a demonstration of this task in another's prompt (`prompt.demonstrations`)."""

@@ -8,7 +8,10 @@ environment cache (`results/envs/demonstrations-<hash>.json`, the hash of the en
 the pool size); the later stages read it. Similarity is BM25 (`pipeline.envs.search_index`) between the current
 task's text and each pool task's text; a pool task with the same text as the current one is never shown (in
 training it would show the answer). A demonstration is the task's short text (`task_brief()` where the environment
-has it, else its description) and each expert action with the observation it led to.
+has it, else its description) and each expert action with the observation it led to. The demonstrations open the
+task text, or follow the part of it that tasks share where the environment says which (`task_context()`: the SQL
+environment's database and schema), so that the prompts of one database still share that prefix in a packed tree
+and in the engine's prefix cache.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ _LOADED: dict[tuple[str, int], Demonstrations] = {}     # per process: every epi
 
 
 class WithDemonstrations:
-    """An environment whose task text starts with the demonstrations of the most similar pool tasks; everything
+    """An environment whose task text shows the demonstrations of the most similar pool tasks first, or right after
+    the environment's `task_context()` where it has one (the SQL environment's schema); everything
     else (steps, anchors, the oracle, the expert, snapshots) is the wrapped environment's."""
 
     def __init__(self, env: Env, demos: Demonstrations):
@@ -105,7 +109,12 @@ class WithDemonstrations:
             own = self._env.task_description()
             shown = self._demos.for_task(own)
             examples = "".join(f"Example {i}:\n{d}\n\n" for i, d in enumerate(shown, 1))
-            self._text = (f"Solved examples of similar tasks:\n\n{examples}" if shown else "") + own
+            context = self._env.task_context() if has(self._env, "task_context") else ""
+            if not own.startswith(context):
+                raise ValueError(f"environment {self._env.name!r}: task_context() is not the start of "
+                                 "task_description()")
+            self._text = context + (f"Solved examples of similar tasks:\n\n{examples}" if shown else "") + \
+                own[len(context):]
         return self._text
 
 

@@ -21,7 +21,8 @@ def test_tiny_sql_configuration_with_demonstrations_and_step_dpo_runs_every_stag
     steps = pl.read_parquet(run / "iter_1/steps.parquet")
     assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
     prompt = steps["prompt"][0]
-    assert prompt.startswith("Solved examples of similar tasks:\n\nExample 1:\nTask: ")
+    assert prompt.startswith("Database ") and "\nSolved examples of similar tasks:\n\nExample 1:\nTask: " in prompt
+    assert prompt.index("CREATE TABLE") < prompt.index("Solved examples") < prompt.index("Question: ")
     assert "CREATE TABLE" in prompt and "<sql>query</sql>" in prompt and "Admissible actions" not in prompt
     assert steps["anchor"][0].endswith("| ran: ")                          # nothing run yet at a first turn
     held_out = pl.read_parquet(run / "iter_0/eval.parquet")

@@ -417,7 +417,12 @@ def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_onc
     for i in range(5):
         env.reset(task_seed("eval", 0, 0, i))
         text = env.task_description()
-        assert text.startswith("Solved examples of similar tasks:\n\nExample 1:\nTask: ") and "Example 3:" not in text
+        # the database and its schema first (the prefix its questions share), then the examples, then the question
+        schema = f"Database {env.task.db_id}:\nCREATE TABLE "
+        assert text.startswith(schema) and text.index("CREATE TABLE") < text.index("Solved examples")
+        assert text.startswith(env.task_context() + "Solved examples of similar tasks:\n\nExample 1:\nTask: ")
+        assert "Example 3:" not in text
+        assert text.count("Database ") == 1 and "CREATE TABLE" not in text.split("Solved examples")[1]
         shown = [line[len("Task: "):line.rindex(" (database")] for line in text.splitlines()
                  if line.startswith("Task: ")]
         assert len(shown) == 2 and set(shown) <= train_questions and not set(shown) & held_out
@@ -428,8 +433,9 @@ def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_onc
         assert actions[-1].split(": ", 1)[1].startswith("<answer>") and "Result" in example
     # a training task is never shown its own question
     pool = demos.build_pool(p)
+    plain, fulls = make_env(p.env), {full for full, _ in pool}
     own = next(t for t in (task_seed("train", 0, 1, i) for i in range(400))
-               if env.reset(t) and env.task_description().split("\n\n")[-1] in {full for full, _ in pool})
+               if plain.reset(t) and plain.task_description() in fulls)
     env.reset(own)
     assert f"Task: {env.task_brief()}" not in env.task_description()
     # the pool is played once and read back from the run's cache
