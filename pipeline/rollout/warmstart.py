@@ -17,7 +17,7 @@ Why these settings, with the measurements behind them: docs/results.md, "Warm-st
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -85,6 +85,21 @@ def tokenizer_corpus(params, seed: int) -> list[str]:
     return [p for p, _, _ in pairs] + [r for _, r, _ in pairs]
 
 
+def step_batches(tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int, seed: int,
+                 clean_steps: int = 0) -> Iterator[tuple[tuple, tuple, list[int]]]:
+    """The warm start's batches, one a step: (prompt ids, response ids, the `batch_size` turns drawn), drawn with
+    replacement from the optimal labels for the first `clean_steps` steps, then from the executed ones."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = {p: encode_prompt(tokenizer, p) for p, _, _ in demos}
+    responses = {r: encode_response(tokenizer, r) for _, r, o in demos for r in (r, o) if r is not None}
+    mixed = ([prompts[p] for p, _, _ in demos], [responses[r] for _, r, _ in demos])
+    labelled = [(prompts[p], responses[o]) for p, _, o in demos if o is not None]
+    clean = (tuple(zip(*labelled, strict=True)) if labelled else mixed)
+    for step in range(steps):
+        ps, rs = clean if step < clean_steps else mixed
+        yield ps, rs, torch.randint(len(ps), (batch_size,), generator=gen).tolist()
+
+
 def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | None]], steps: int, batch_size: int,
                          lr: float, seed: int, clean_steps: int = 0,
                          progress: Callable[[str], None] | None = None, packing: str = "none",
@@ -100,12 +115,6 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
     step."""
     if steps == 0 or not demos:
         return []
-    gen = torch.Generator().manual_seed(seed)
-    prompts = {p: encode_prompt(tokenizer, p) for p, _, _ in demos}
-    responses = {r: encode_response(tokenizer, r) for _, r, o in demos for r in (r, o) if r is not None}
-    mixed = ([prompts[p] for p, _, _ in demos], [responses[r] for _, r, _ in demos])
-    labelled = [(prompts[p], responses[o]) for p, _, o in demos if o is not None]
-    clean = (tuple(zip(*labelled, strict=True)) if labelled else mixed)
     opt = torch.optim.AdamW([x for x in model.parameters() if x.requires_grad], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     stepper = Stepper(model, opt, grad_clip=1.0)
@@ -114,9 +123,7 @@ def supervised_warmstart(model, tokenizer, demos: list[tuple[str, str, str | Non
         checkpoint_activations(model)
     losses = []
     ticker = Ticker(steps, every=50)
-    for step in range(steps):
-        ps, rs = clean if step < clean_steps else mixed
-        idx = torch.randint(len(ps), (batch_size,), generator=gen).tolist()
+    for step, (ps, rs, idx) in enumerate(step_batches(tokenizer, demos, steps, batch_size, seed, clean_steps)):
         tokens = sum(len(rs[i]) for i in idx)
         opt.zero_grad(set_to_none=True)
         loss = 0.0

@@ -218,6 +218,37 @@ def test_the_warm_start_trains_alike_packed_or_not(tokenizer, monkeypatch):
     assert sum(packs) == 32 and len(packs) > 4 and trees == pytest.approx(plain, rel=1e-5)
 
 
+class _Chars:
+    """A tokenizer of one id per character, without a chat template; EOS is 0."""
+    chat_template, eos_token_id = None, 0
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_the_warm_starts_tokens_a_step_are_the_trees_nodes_or_the_padded_rows():
+    from types import SimpleNamespace
+
+    from bench.warmstart import step_tokens
+
+    def w(**kw):
+        return SimpleNamespace(**{"batch_size": 3, "clean_steps": 2, "micro_batch_size": None, "packing": "none",
+                                  "micro_batch_tokens": None, **kw})
+
+    one = [("abcd", "x", "x")]             # 3 copies of one turn a step: prompt 4 + response 1 + EOS = 6 tokens
+    assert step_tokens(_Chars(), one, w(), 0, 2) == (18, 18)                        # one padded pass of 3 rows
+    assert step_tokens(_Chars(), one, w(packing="tree", micro_batch_tokens=100), 0, 2) == (6, 18)   # one tree
+    assert step_tokens(_Chars(), one, w(packing="tree", micro_batch_tokens=5), 0, 2) == (18, 18)    # a turn a tree
+    assert step_tokens(_Chars(), one, w(micro_batch_size=2), 0, 2) == (18, 18)      # passes of 2 and 1 rows
+    # two turns sharing "abc", both among 8 drawn: the tree holds abc, then d x EOS and e y EOS
+    two = [("abcd", "x", "x"), ("abce", "y", "y")]
+    assert step_tokens(_Chars(), two, w(batch_size=8, packing="tree", micro_batch_tokens=100), 0, 1) == (9, 48)
+    # the unlabelled turn is drawn only after the clean steps; the executed response is trained then
+    mixed = [("ab", "x", None), ("ab", "x", "x")]
+    assert step_tokens(_Chars(), mixed, w(batch_size=2, clean_steps=0, packing="tree", micro_batch_tokens=100),
+                       0, 1) == (4, 8)
+
+
 def test_a_sliding_window_shorter_than_a_sequence_is_refused():
     m = tiny_llama()
     m.config.sliding_window = 4            # as Gemma 3's and Mistral's configs state theirs
