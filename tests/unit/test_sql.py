@@ -445,6 +445,24 @@ def test_demonstrations_come_from_training_tasks_only_and_the_pool_is_played_onc
     assert demos.build_pool(p) == pool and demos.environment(p) is not None
 
 
+def test_demonstrations_follow_the_shared_context_and_a_context_that_is_not_a_prefix_is_refused():
+    from types import SimpleNamespace
+
+    from pipeline.rollout.demonstrations import WithDemonstrations
+
+    shown = SimpleNamespace(for_task=lambda text: ["Task: q1\nAction 1: a"])
+    env = SimpleNamespace(name="stub", task_description=lambda: "Schema S\nQuestion: q",
+                          task_context=lambda: "Schema S\n")
+    assert WithDemonstrations(env, shown).task_description() == (
+        "Schema S\nSolved examples of similar tasks:\n\nExample 1:\nTask: q1\nAction 1: a\n\nQuestion: q")
+    plain = SimpleNamespace(name="stub", task_description=lambda: "Question: q")
+    assert WithDemonstrations(plain, shown).task_description() == (
+        "Solved examples of similar tasks:\n\nExample 1:\nTask: q1\nAction 1: a\n\nQuestion: q")
+    env.task_context = lambda: "Schema T\n"
+    with pytest.raises(ValueError, match=r"environment 'stub': task_context\(\) is not the start of task_description"):
+        WithDemonstrations(env, shown).task_description()
+
+
 def test_task_labels_are_the_questions_hardness_and_database(tmp_path):
     env = make_env(SqlConfig(), tmp_path)
     held_out = _questions("dev")
