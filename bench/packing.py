@@ -35,7 +35,7 @@ from bench import cpu_name
 from pipeline.config.params import load_params, with_overrides
 from pipeline.data.batches import minibatches
 from pipeline.data.tables import STEPS, atomic_file, read_table
-from pipeline.model.packing import micro_batches, packed_tokens
+from pipeline.model.packing import micro_batches, packed_tokens, padded_tokens
 from pipeline.workflow.runs import run_folder
 
 
@@ -50,7 +50,7 @@ def token_rows(turns: pl.DataFrame, it: int, minibatch: int, micro: int, budgets
     for mb in batches:
         for m in range(0, len(mb), micro):
             part = [seqs[i] for i in mb[m: m + micro]]
-            padded += len(part) * max(map(len, part))
+            padded += padded_tokens(part)
             plain += sum(map(len, part))
             packed_micro += packed_tokens(part)
     tokens, whole = sum(map(len, seqs)), packed_tokens(seqs)

@@ -45,7 +45,7 @@ DEFAULT_VARIANTS = [    # each sets every batching key, whatever the params file
 def step_tokens(tokenizer, demos, w, seed: int, steps: int) -> tuple[float, float]:
     """(tokens the forward passes compute, tokens of the turns themselves) a step, over the warm start's first
     `steps` batches, cut into passes as `supervised_warmstart` cuts them."""
-    from pipeline.model.packing import packed_tokens, passes
+    from pipeline.model.packing import packed_tokens, padded_tokens, passes
     from pipeline.rollout.warmstart import step_batches
 
     computed = plain = 0
@@ -53,7 +53,7 @@ def step_tokens(tokenizer, demos, w, seed: int, steps: int) -> tuple[float, floa
         plain += sum(len(ps[i]) + len(rs[i]) for i in idx)
         for part in passes(ps, rs, idx, w.micro_batch_size or w.batch_size, w.packing, w.micro_batch_tokens):
             seqs = [ps[i] + rs[i] for i in part]
-            computed += packed_tokens(seqs) if w.packing == "tree" else len(seqs) * max(map(len, seqs))
+            computed += packed_tokens(seqs) if w.packing == "tree" else padded_tokens(seqs)
     return computed / max(steps, 1), plain / max(steps, 1)
 
 

@@ -124,6 +124,11 @@ def packed_tokens(sequences) -> int:
     return len(trie)
 
 
+def padded_tokens(sequences) -> int:
+    """The tokens a padded batch of `sequences` computes: its rows times the longest."""
+    return len(sequences) * max(map(len, sequences))
+
+
 def micro_batches(sequences, order: list[int], max_tokens: int) -> list[list[int]]:
     """`order` (indices into `sequences`, one minibatch) cut into micro-batches whose prefix trees hold at most
     `max_tokens` tokens each (a single longer sequence makes a micro-batch of its own), the turns sorted by their
