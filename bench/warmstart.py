@@ -63,7 +63,7 @@ def measure(params_path: Path, sets: list[str], steps: int, count_steps: int = 0
     import torch
 
     from pipeline.data.seeds import stage_seed
-    from pipeline.model.gguf_import import load_pretrained
+    from pipeline.model.gguf_import import load_pretrained, load_tokenizer
     from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
 
     p = load_params(params_path)
@@ -72,7 +72,10 @@ def measure(params_path: Path, sets: list[str], steps: int, count_steps: int = 0
     if p.policy.path is None:
         raise SystemExit(f"{params_path}: policy.path is null; this benchmark loads a model from a path")
     torch.set_num_threads(p.runtime.torch_threads or torch.get_num_threads())
-    model, tok = load_pretrained(p.policy.path, p.policy.dtype, p.runtime.device)
+    if steps:
+        model, tok = load_pretrained(p.policy.path, p.policy.dtype, p.runtime.device)
+    else:                                                    # counting only: the tokenizer is all it needs
+        model, tok = None, load_tokenizer(p.policy.path)
     seed = stage_seed("init", p.seed)
     demos = demonstrations(p, w.episodes, w.random_action_share, seed, tasks=w.tasks)
     computed, plain = step_tokens(tok, demos, w, seed, count_steps or steps)

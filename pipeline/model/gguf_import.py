@@ -150,18 +150,35 @@ def dequantizable(type_name: str) -> bool:
     return cls is not None and "dequantize_blocks" in vars(cls)
 
 
+def gguf_tokenizer(path: str | Path):
+    """The tokenizer a GGUF file carries, with its chat template, without reading the weights: BOS added where the
+    file asks for it, and a pad token (the EOS where the file names none)."""
+    from transformers import AutoTokenizer  # start-up cost: transformers
+
+    path = Path(path).expanduser().resolve()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    if gguf_header(path).add_bos and getattr(tokenizer, "add_bos_token", None) is False:
+        # transformers' GGUF tokenizer leaves it off; a base model without its BOS writes noticeably worse text
+        # (Gemma 3 270M: "The capital of France is France. The The The" without, a sentence with)
+        tokenizer.add_bos_token = True
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_gguf(path: str | Path, progress=None):
     """(model, tokenizer) of a GGUF file: fp32 weights dequantized by transformers, in a fresh model of the same
-    class (savable with `save_pretrained`), and the tokenizer with the chat template the file carries."""
+    class (savable with `save_pretrained`), and the tokenizer with the chat template the file carries
+    (`gguf_tokenizer`)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # start-up cost: transformers
+    from transformers import AutoModelForCausalLM  # start-up cost: transformers
 
     path = Path(path).expanduser().resolve()
     header = gguf_header(path)
     if progress is not None:
         progress(f"dequantizing {path.name}: {header.architecture} ({header.name}), {header.tensors} tensors of "
                  f"type {', '.join(header.tensor_types)}")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    tokenizer = gguf_tokenizer(path)
     loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
                                                   dtype=torch.float32)
     config = loaded.config
@@ -177,16 +194,18 @@ def load_gguf(path: str | Path, progress=None):
                          f"{missing[:5]}, unexpected {unexpected[:5]})")
     model.tie_weights()
     del loaded
-    if header.add_bos and getattr(tokenizer, "add_bos_token", None) is False:
-        # transformers' GGUF tokenizer leaves it off; a base model without its BOS writes noticeably worse text
-        # (Gemma 3 270M: "The capital of France is France. The The The" without, a sentence with)
-        tokenizer.add_bos_token = True
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.eval()
     return model, tokenizer
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a `policy.path` as `load_pretrained` gives it, without loading the model: a GGUF file's
+    (`gguf_tokenizer`) or a model folder's."""
+    from pipeline.model.policy import folder_tokenizer  # start-up cost: torch (params imports is_gguf)
+
+    return gguf_tokenizer(path) if is_gguf(path) else folder_tokenizer(path)
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32", device=None, progress=None):

@@ -132,6 +132,16 @@ def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, 
     return model
 
 
+def folder_tokenizer(path):
+    """A model folder's tokenizer (saved in adapter folders too), its pad token the EOS where it names none."""
+    from transformers import AutoTokenizer  # start-up cost: transformers
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
                 train: bool = False):
     """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
@@ -140,12 +150,8 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.de
     `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.model.precision`); otherwise the
     weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
     trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
-    from transformers import AutoTokenizer  # start-up cost: transformers
-
     model = load_weights(path, dtype, train)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)   # saved in adapter folders too
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = folder_tokenizer(path)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
         model.to(resolve_device(device))

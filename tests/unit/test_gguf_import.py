@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from pipeline.config.params import ParamsError, load_params
-from pipeline.model.gguf_import import gguf_header, load_gguf
+from pipeline.model.gguf_import import gguf_header, load_gguf, load_tokenizer
 from pipeline.model.policy import build_tiny_model, load_policy, train_tokenizer
 from tests.conftest import CHAT
 
@@ -113,6 +113,8 @@ def test_an_f32_gguf_dequantizes_to_the_same_model_and_tokenizer(tiny, tmp_path)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ltok(text, add_special_tokens=False)["input_ids"] == ids
     assert ltok.chat_template == CHAT and ltok.eos_token == "<eos>" and ltok.pad_token == "<pad>"
+    alone = load_tokenizer(tmp_path / "tiny.gguf")             # without the weights (bench.warmstart's count)
+    assert alone(text, add_special_tokens=False)["input_ids"] == ids and alone.chat_template == CHAT
     assert type(loaded).__name__ == "LlamaForCausalLM" and loaded.config.vocab_size == len(tok)
     torch.testing.assert_close(_logits(loaded, ids), _logits(model, ids), atol=1e-5, rtol=1e-5)
 
@@ -128,6 +130,7 @@ def test_a_base_model_whose_file_asks_for_bos_gets_it_in_every_prompt(tiny, tmp_
     assert not ltok.chat_template
     text = "push the box"
     assert encode_prompt(ltok, text) == [tok.eos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+    assert encode_prompt(load_tokenizer(tmp_path / "base.gguf"), text) == encode_prompt(ltok, text)
 
 
 def test_a_q8_0_gguf_is_dequantized_close_to_the_original(tiny, tmp_path):
