@@ -18,8 +18,9 @@ the plain one instead of as many episodes (`--label` names such an arm). Output 
   oracle credit AUC of the advantages trained on (`pipeline.credit.oracle.run_credit`, where the environment has an
   oracle);
 - branching.csv: per arm, the means over seeds and iterations of those, with the final and mean held-out success;
-- branching_verdicts.csv: per method, each branching mode against plain and entropy against uniform: the paired
-  difference in final and mean held-out success with a 95 % two-level bootstrap interval (`bench.verdicts`);
+- branching_verdicts.csv: per method, each branching arm against plain and each entropy arm against the uniform
+  arm with the same `--mode-set` keys (the same budget): the paired difference in final and mean held-out success
+  with a 95 % two-level bootstrap interval (`bench.verdicts`);
 - branching.png: the success curves per arm, and the sampled turns and tool calls per task.
 """
 
@@ -167,15 +168,31 @@ def summarise(curves: pl.DataFrame, rollouts: pl.DataFrame) -> pl.DataFrame:
     return success.join(means, on=["arm", "method"], how="left")
 
 
-def verdicts(runs: dict, arms: list[str], methods: list[str]) -> tuple[pl.DataFrame, list[str]]:
-    """Per method, every arm against the plain one (the first arm) and, where both ran, entropy against uniform;
+def control_pairs(arms: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """(uniform arm, entropy arm) for every entropy arm and the uniform arm with the same overrides but the mode
+    (`arms`: label -> its overrides, as `main` makes them): the entropy rule against its control at one budget."""
+    mode = "rollout.branching.mode="
+
+    def rest(label):
+        return sorted(x for x in arms[label] if not x.startswith(mode))
+
+    def of(label):
+        return next((x[len(mode):] for x in arms[label] if x.startswith(mode)), "none")
+
+    return [(u, e) for e in arms if of(e) == "entropy" for u in arms if of(u) == "uniform" and rest(u) == rest(e)]
+
+
+def verdicts(runs: dict, arms: list[str], methods: list[str],
+             controls: list[tuple[str, str]] | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """Per method, every arm against the plain one (the first arm) and each entropy arm against its uniform
+    control (`controls`, from `control_pairs`; default: the arms labelled entropy and uniform, where both ran);
     `runs`: the runs' `task_success` tables keyed by ((method, arm), seed)."""
+    if controls is None:
+        controls = [("uniform", "entropy")] if "entropy" in arms and "uniform" in arms else []
     found, panels = [], []
     for m in methods:
         tables = {(a, s): t for ((mm, a), s), t in runs.items() if mm == m}
-        pairs = [(arms[0], [a for a in arms[1:]])]
-        if "entropy" in arms and "uniform" in arms:
-            pairs.append(("uniform", ["entropy"]))
+        pairs = [(arms[0], [a for a in arms[1:]]), *((u, [e]) for u, e in controls)]
         for base, others in pairs:
             v, panel = compare_methods({k: t for k, t in tables.items() if k[0] in (base, *others)}, base)
             for x in v:
@@ -234,11 +251,12 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
     save_figure(fig, path)
 
 
-def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True):
+def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True,
+           controls: list[tuple[str, str]] | None = None):
     curves, rollouts = collect_all(work, arms, methods, seeds)
     table = summarise(curves, rollouts)
     runs = {((m, a), s): task_success(work / a / f"{m}_s{s}" / "results") for m in methods for a in arms for s in seeds}
-    verdict_table, panels = verdicts(runs, arms, methods)
+    verdict_table, panels = verdicts(runs, arms, methods, controls)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "branching_curves.csv", curves.write_csv())
     write_text_atomic(out / "branching_rollouts.csv", rollouts.write_csv())
@@ -281,12 +299,13 @@ def main(argv=None) -> None:
     labels = args.label or list(args.modes)
     if len(labels) != len(args.modes):
         raise SystemExit(f"error: {len(labels)} labels for {len(args.modes)} modes")
+    arms = {label: [f"rollout.branching.mode={mode}",
+                    *(s.split(":", 1)[1] for s in args.mode_set if s.split(":", 1)[0] in (mode, label))]
+            for mode, label in zip(args.modes, labels)}
     if not args.report_only:
-        arms = {label: [f"rollout.branching.mode={mode}",
-                        *(s.split(":", 1)[1] for s in args.mode_set if s.split(":", 1)[0] in (mode, label))]
-                for mode, label in zip(args.modes, labels)}
         run_all(args.params, arms, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
-    report(args.work, labels, args.methods, args.seeds, args.out, log=not args.no_mlflow)
+    report(args.work, labels, args.methods, args.seeds, args.out, log=not args.no_mlflow,
+           controls=control_pairs(arms))
 
 
 if __name__ == "__main__":

@@ -380,6 +380,20 @@ def test_branching_smoke(tmp_path):
     assert (final["method"], final["baseline"], final["metric"]) == ("gigpo/entropy", "none", "final")
 
 
+def test_branching_pairs_each_entropy_arm_with_the_uniform_arm_of_its_budget():
+    """An equal-turns entropy arm is judged against the equal-turns uniform arm, not the equal-episodes one; an
+    entropy arm without a uniform arm of the same keys has no control."""
+    from bench.branching import control_pairs
+
+    m = "rollout.branching.mode="
+    arms = {"none": [m + "none"], "uniform": [m + "uniform"], "entropy": [m + "entropy"],
+            "entropy_turns": [m + "entropy", "rollout.group_size=5"],
+            "uniform_turns": [m + "uniform", "rollout.group_size=5"],
+            "entropy_wide": [m + "entropy", "rollout.branching.beam=3"]}
+    assert control_pairs(arms) == [("uniform", "entropy"), ("uniform_turns", "entropy_turns")]
+    assert control_pairs({k: arms[k] for k in ("none", "uniform", "entropy_turns")}) == []
+
+
 def test_learning_bands_by_hand():
     """The curves' bands: several seeds give ± std over seeds; one seed ± one standard error over its held-out tasks
     (std of the tasks' rates over the root of their number), and its difference to GRPO the paired 95 % bootstrap
