@@ -183,12 +183,10 @@ def control_pairs(arms: dict[str, list[str]]) -> list[tuple[str, str]]:
 
 
 def verdicts(runs: dict, arms: list[str], methods: list[str],
-             controls: list[tuple[str, str]] | None = None) -> tuple[pl.DataFrame, list[str]]:
+             controls: list[tuple[str, str]] = ()) -> tuple[pl.DataFrame, list[str]]:
     """Per method, every arm against the plain one (the first arm) and each entropy arm against its uniform
-    control (`controls`, from `control_pairs`; default: the arms labelled entropy and uniform, where both ran);
-    `runs`: the runs' `task_success` tables keyed by ((method, arm), seed)."""
-    if controls is None:
-        controls = [("uniform", "entropy")] if "entropy" in arms and "uniform" in arms else []
+    control (`controls`, from `control_pairs`); `runs`: the runs' `task_success` tables keyed by ((method, arm),
+    seed)."""
     found, panels = [], []
     for m in methods:
         tables = {(a, s): t for ((mm, a), s), t in runs.items() if mm == m}
@@ -252,7 +250,7 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
 
 
 def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True,
-           controls: list[tuple[str, str]] | None = None):
+           controls: list[tuple[str, str]] = ()):
     curves, rollouts = collect_all(work, arms, methods, seeds)
     table = summarise(curves, rollouts)
     runs = {((m, a), s): task_success(work / a / f"{m}_s{s}" / "results") for m in methods for a in arms for s in seeds}

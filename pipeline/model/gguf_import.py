@@ -150,14 +150,14 @@ def dequantizable(type_name: str) -> bool:
     return cls is not None and "dequantize_blocks" in vars(cls)
 
 
-def gguf_tokenizer(path: str | Path):
+def gguf_tokenizer(path: str | Path, header: GgufHeader | None = None):
     """The tokenizer a GGUF file carries, with its chat template, without reading the weights: BOS added where the
-    file asks for it, and a pad token (the EOS where the file names none)."""
+    file asks for it (`header`, read here unless given), and a pad token (the EOS where the file names none)."""
     from transformers import AutoTokenizer  # start-up cost: transformers
 
     path = Path(path).expanduser().resolve()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    if gguf_header(path).add_bos and getattr(tokenizer, "add_bos_token", None) is False:
+    if (header or gguf_header(path)).add_bos and getattr(tokenizer, "add_bos_token", None) is False:
         # transformers' GGUF tokenizer leaves it off; a base model without its BOS writes noticeably worse text
         # (Gemma 3 270M: "The capital of France is France. The The The" without, a sentence with)
         tokenizer.add_bos_token = True
@@ -178,7 +178,7 @@ def load_gguf(path: str | Path, progress=None):
     if progress is not None:
         progress(f"dequantizing {path.name}: {header.architecture} ({header.name}), {header.tensors} tensors of "
                  f"type {', '.join(header.tensor_types)}")
-    tokenizer = gguf_tokenizer(path)
+    tokenizer = gguf_tokenizer(path, header)
     loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
                                                   dtype=torch.float32)
     config = loaded.config

@@ -367,7 +367,8 @@ def test_branching_smoke(tmp_path):
     branching.run_all(tmp_path / "p.yaml", arms, ["gigpo"], [0], work, jobs=2, cores=1)
     ck = [work / a / "gigpo_s0/results/iter_0/checkpoint/model.safetensors" for a in arms]
     assert ck[0].resolve() == ck[1].resolve() == (work / "base_s0/results/iter_0/checkpoint/model.safetensors")
-    table = branching.report(work, list(arms), ["gigpo"], [0], out, log=False)
+    table = branching.report(work, list(arms), ["gigpo"], [0], out, log=False,
+                             controls=branching.control_pairs(arms))
     rollouts = pl.read_csv(out / "branching_rollouts.csv")
     plain, tree = (rollouts.filter(pl.col("arm") == a).row(0, named=True) for a in arms)
     g = params["rollout"]["group_size"]
