@@ -122,6 +122,10 @@ class WarmstartConfig(MicroBatching):
                              "decay); null: 2e-3 for the tiny default, 1e-5 for a model from policy.path")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters in the warm start and merge them into "
                                       "iteration 0's checkpoint (null: full fine-tuning)")
+    demonstrations: int | None = Field(None, ge=0, le=20, description="retrieved demonstrations in the warm "
+                                       "start's prompts (null: prompt.demonstrations'); set, the initial policy no "
+                                       "longer depends on prompt.demonstrations, so runs that differ only in it "
+                                       "share one warm start (run.base)")
 
     def steps_for(self, policy: PolicyConfig) -> int:
         return self.steps if self.steps is not None else (800 if policy.path is None else 0)

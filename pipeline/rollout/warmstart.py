@@ -38,6 +38,15 @@ def demonstration_tasks(seed: int, episodes: int, stream: str = "warmstart", tas
     return [task_seed(stream, seed, 0, j if tasks is None else j % tasks) for j in range(episodes)]
 
 
+def warmstart_params(params):
+    """`params` as the warm start and the tiny tokenizer's corpus see them: `prompt.demonstrations` replaced by
+    `warmstart.demonstrations` where that is set."""
+    k = params.warmstart.demonstrations
+    if k is None or k == params.prompt.demonstrations:
+        return params
+    return params.model_copy(update={"prompt": params.prompt.model_copy(update={"demonstrations": k})})
+
+
 def demonstrations(params, episodes: int, random_share: float, seed: int, stream: str = "warmstart",
                    tasks: int | None = None) -> list[tuple[str, str, str | None]]:
     """(prompt, executed response, an optimal response or None) from expert-guided play on the tasks of `stream`
@@ -49,6 +58,7 @@ def demonstrations(params, episodes: int, random_share: float, seed: int, stream
     expert, `random_share` must be 1: every command is random and there is no optimal label.
     """
     rng = random.Random(task_seed(stream, seed, 0, 0))
+    params = warmstart_params(params)
     env = environment(params)
     expert = has(env, "expert_actions")
     fmt = format_of(env)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from pipeline.config.params import Params
+from pipeline.config.params import Params, PromptConfig
 from pipeline.credit.methods import METHODS, history_params
 from pipeline.data.paths import (
     ADVANTAGES,
@@ -93,6 +93,22 @@ def method_is(name: str) -> Callable[[Params], bool]:
 
 
 Entry = str | When | Named
+
+
+def _prompt_follows(p: Params) -> bool:
+    return p.warmstart.demonstrations is None
+
+
+def _warmstart_pool(p: Params) -> bool:
+    return bool(p.warmstart.demonstrations)
+
+
+# the prompt keys of the initial policy: all of `prompt`, or, where `warmstart.demonstrations` sets the warm start's
+# own count, all but the retrieved demonstrations' (their pool only where the warm start shows some)
+_INIT_PROMPT = (When("prompt", _prompt_follows),
+                *(When(f"prompt.{k}", lambda p: not _prompt_follows(p)) for k in PromptConfig.model_fields
+                  if k not in ("demonstrations", "demonstration_pool")),
+                When("prompt.demonstration_pool", _warmstart_pool))
 
 
 def resolve(entries: tuple[Entry, ...], params: Params) -> list[str]:
@@ -199,7 +215,7 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(Named(policy_source),), outs=(INITIAL_CHECKPOINT,),
-          params=("seed", "env", "prompt", "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
+          params=("seed", "env", *_INIT_PROMPT, "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
                   "warmstart", "runtime.device"), threads=2, loads_model=True),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.

@@ -463,6 +463,43 @@ def test_demonstrations_follow_the_shared_context_and_a_context_that_is_not_a_pr
         WithDemonstrations(env, shown).task_description()
 
 
+def test_warmstart_demonstrations_set_the_warm_starts_own_count_and_free_the_initial_policy_of_the_prompts(
+        tmp_path, monkeypatch):
+    """`warmstart.demonstrations: 0` trains the warm start on plain prompts whatever `prompt.demonstrations` says,
+    so a run with retrieved demonstrations in RL reuses the initial policy of a run without them (`run.base`); null
+    keeps the warm start on the prompts RL sees, and the initial policy then is not shared."""
+    from pipeline.config.params import Params
+    from pipeline.rollout.warmstart import demonstrations
+    from pipeline.workflow.runs import share_base
+
+    monkeypatch.chdir(tmp_path)
+    env = {"name": "sql", "max_turns": 5}
+    plain = demonstrations(Params(env=env), 3, 0.0, seed=4)
+    shown = Params(env=env, prompt={"demonstrations": 2, "demonstration_pool": 30})
+    with_them = demonstrations(shown, 3, 0.0, seed=4)
+    assert len(plain) == len(with_them) == 14
+    assert not any("Solved examples" in q for q, _, _ in plain)
+    assert all(q.count("\nExample ") == 2 for q, _, _ in with_them)
+    # the warm start's own count: 0 gives the plain prompts, 2 on a run without them gives the retrieved ones
+    assert demonstrations(shown.model_copy(update={"warmstart": shown.warmstart.model_copy(
+        update={"demonstrations": 0})}), 3, 0.0, seed=4) == plain
+    assert demonstrations(Params(env=env, prompt={"demonstration_pool": 30}, warmstart={"demonstrations": 2}),
+                          3, 0.0, seed=4) == with_them
+    # run.base through 0: the initial policy is linked only where the warm start does not follow the prompt
+    (tmp_path / "Snakefile").write_text("")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"env": env, "warmstart": {"demonstrations": 0},
+                                                        "run": {"dir": "base"}}))
+    (tmp_path / "base/iter_0/checkpoint").mkdir(parents=True)
+    (tmp_path / "base/iter_0/checkpoint/model.safetensors").write_bytes(b"weights")
+    base = {"params": str(tmp_path / "base.yaml"), "through": 0}
+    arm = {"env": env, "prompt": {"demonstrations": 2}, "run": {"dir": "arm", "base": base}}
+    assert share_base(Params(**arm, warmstart={"demonstrations": 0}), log=lambda _: None) == ["init"]
+    assert (tmp_path / "arm/iter_0/checkpoint/model.safetensors").is_symlink()
+    assert share_base(Params(**{**arm, "run": {"dir": "arm2", "base": base}}), log=lambda _: None) == []
+    assert share_base(Params(**{**arm, "run": {"dir": "arm3", "base": base}}, warmstart={"demonstrations": 2}),
+                      log=lambda _: None) == []
+
+
 def test_task_labels_are_the_questions_hardness_and_database(tmp_path):
     env = make_env(SqlConfig(), tmp_path)
     held_out = _questions("dev")
