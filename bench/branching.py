@@ -21,7 +21,14 @@ the plain one instead of as many episodes (`--label` names such an arm). Output 
 - branching_verdicts.csv: per method, each branching arm against plain and each entropy arm against the uniform
   arm with the same `--mode-set` keys (the same budget): the paired difference in final and mean held-out success
   with a 95 % two-level bootstrap interval (`bench.verdicts`);
+- branching_tasks.csv: held-out success per arm, method, seed, iteration and task (the verdicts' input);
 - branching.png: the success curves per arm, and the sampled turns and tool calls per task.
+
+`--merge DIR ...` pools the seeds of earlier benches (their `--out` folders, or copies of their CSV files) with
+this one's: their curves, rollout rows and per-task success enter every table, verdict and the figure as if their
+runs were in `--work`, so a seed run in another session joins the paired comparison. Each arm's runs of a seed
+must come from one bench (a seed both here and in a merged folder is refused), so a paired difference never
+compares runs of two machines.
 """
 
 from __future__ import annotations
@@ -249,15 +256,61 @@ def plot(curves: pl.DataFrame, rollouts: pl.DataFrame, path: Path, tasks: dict |
     save_figure(fig, path)
 
 
+MERGED = ("branching_curves.csv", "branching_rollouts.csv", "branching_tasks.csv")
+
+
+def tasks_frame(runs: dict) -> pl.DataFrame:
+    """The runs' `task_success` tables (keyed by ((method, arm), seed)) as one table."""
+    return pl.concat([t.select(pl.lit(a).alias("arm"), pl.lit(m).alias("method"), pl.lit(s, pl.Int64).alias("seed"),
+                               pl.col("iteration").cast(pl.Int64), pl.col("task_id").cast(pl.Int64), "success")
+                      for ((m, a), s), t in runs.items()])
+
+
+def merged(folders: list[Path], arms: list[str], methods: list[str], seeds: list[int]):
+    """The curves, rollout rows and `task_success` tables of earlier benches' output folders, for this bench's
+    arms and methods, refused with the file named where a table is missing or a seed is run twice."""
+    curves, rollouts, runs = [], [], {}
+    own = {(a, m, s) for a in arms for m in methods for s in seeds}
+    for folder in folders:
+        for name in MERGED:
+            if not (folder / name).is_file():
+                raise SystemExit(f"error: --merge {folder}: {name} is missing (a bench.branching output folder has "
+                                 f"{', '.join(MERGED)})")
+        c = pl.read_csv(folder / "branching_curves.csv").filter(pl.col("arm").is_in(arms),
+                                                                 pl.col("method").is_in(methods))
+        if c.height == 0:
+            raise SystemExit(f"error: --merge {folder}: its branching_curves.csv has no run of the arms {arms} and "
+                             f"methods {methods}")
+        twice = sorted(own & set(c.select("arm", "method", "seed").unique().iter_rows()))
+        if twice:
+            raise SystemExit(f"error: --merge {folder}: arm, method and seed {twice[0]} are in this bench too; a "
+                             "seed's runs must come from one bench")
+        own |= set(c.select("arm", "method", "seed").unique().iter_rows())
+        curves.append(c)
+        rollouts.append(pl.read_csv(folder / "branching_rollouts.csv").filter(pl.col("arm").is_in(arms),
+                                                                             pl.col("method").is_in(methods)))
+        t = pl.read_csv(folder / "branching_tasks.csv").filter(pl.col("arm").is_in(arms),
+                                                               pl.col("method").is_in(methods))
+        for (a, m, sd), part in t.group_by("arm", "method", "seed"):
+            runs[((m, a), sd)] = part.select("iteration", "task_id", "success")
+    return curves, rollouts, runs
+
+
 def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], out: Path, log: bool = True,
-           controls: list[tuple[str, str]] = ()):
-    curves, rollouts = collect_all(work, arms, methods, seeds)
-    table = summarise(curves, rollouts)
+           controls: list[tuple[str, str]] = (), merge: list[Path] = ()):
+    curves, rollouts = collect_all(work, arms, methods, seeds) if seeds else (None, None)
     runs = {((m, a), s): task_success(work / a / f"{m}_s{s}" / "results") for m in methods for a in arms for s in seeds}
+    more_curves, more_rollouts, more_runs = merged(list(merge), arms, methods, seeds)
+    curves = pl.concat([c for c in (curves, *more_curves) if c is not None], how="vertical_relaxed")
+    rollouts = pl.concat([r for r in (rollouts, *more_rollouts) if r is not None], how="diagonal_relaxed")
+    runs |= more_runs
+    table = summarise(curves, rollouts)
     verdict_table, panels = verdicts(runs, arms, methods, controls)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "branching_curves.csv", curves.write_csv())
     write_text_atomic(out / "branching_rollouts.csv", rollouts.write_csv())
+    write_text_atomic(out / "branching_tasks.csv", tasks_frame(runs).sort("arm", "method", "seed", "iteration",
+                                                                          "task_id").write_csv())
     write_text_atomic(out / "branching.csv", table.write_csv())
     if verdict_table.height:
         write_text_atomic(out / "branching_verdicts.csv", verdict_table.write_csv())
@@ -270,8 +323,8 @@ def report(work: Path, arms: list[str], methods: list[str], seeds: list[int], ou
     if log:
         log_run("branching", {"arms": arms, "methods": methods, "seeds": seeds, "work": str(work.resolve())},
                 {f"{r['method']}_{r['arm']}_final_mean": r["final_mean"] for r in table.iter_rows(named=True)},
-                [out / f for f in ("branching.csv", "branching_curves.csv", "branching_rollouts.csv",
-                                   "branching_verdicts.csv", "branching.png") if (out / f).exists()])
+                [out / f for f in ("branching.csv", *MERGED, "branching_verdicts.csv", "branching.png")
+                 if (out / f).exists()])
     return table
 
 
@@ -286,14 +339,19 @@ def main(argv=None) -> None:
     ap.add_argument("--mode-set", action="append", default=[], metavar="MODE:KEY=VALUE",
                     help="override a key in one mode's runs only, e.g. entropy:rollout.group_size=12")
     ap.add_argument("--methods", nargs="+", default=["grpo", "gigpo"])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1], help="the seeds run in --work (none: a "
+                    "report of --merge folders alone)")
     ap.add_argument("--work", type=Path, default=Path("results/bench/branching"))
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="DIR",
+                    help="earlier benches' output folders whose seeds join this report")
     args = ap.parse_args(argv)
+    if not args.seeds and not (args.report_only and args.merge):
+        raise SystemExit("error: --seeds is empty; only a --report-only report of --merge folders needs no seeds")
     labels = args.label or list(args.modes)
     if len(labels) != len(args.modes):
         raise SystemExit(f"error: {len(labels)} labels for {len(args.modes)} modes")
@@ -303,7 +361,7 @@ def main(argv=None) -> None:
     if not args.report_only:
         run_all(args.params, arms, args.methods, args.seeds, args.work, args.jobs, args.cores, args.set)
     report(args.work, labels, args.methods, args.seeds, args.out, log=not args.no_mlflow,
-           controls=control_pairs(arms))
+           controls=control_pairs(arms), merge=args.merge)
 
 
 if __name__ == "__main__":

@@ -395,6 +395,44 @@ def test_branching_pairs_each_entropy_arm_with_the_uniform_arm_of_its_budget():
     assert control_pairs({k: arms[k] for k in ("none", "uniform", "entropy_turns")}) == []
 
 
+def test_branching_report_pools_the_seeds_of_earlier_benches_by_hand(tmp_path):
+    """`--merge`: seed 0 from one bench's output folder, seed 1 from another's, paired as if run in one; final
+    entropy - plain differences per task (+0.5, 0) on seed 0 and (0, +0.5) on seed 1: +25 points; over iterations
+    0-1 (equal at 0, the shared initial policy) +12.5. A seed in two benches, or a folder without its per-task
+    table, is refused by name."""
+    from bench import branching
+
+    finals = {0: {"none": [0.5, 1.0], "entropy": [1.0, 1.0]}, 1: {"none": [0.0, 0.5], "entropy": [0.0, 1.0]}}
+    folders = []
+    for seed, arms in finals.items():
+        d = tmp_path / f"bench{seed}"
+        d.mkdir()
+        tasks = pl.DataFrame([{"arm": a, "method": "gigpo", "seed": seed, "iteration": it, "task_id": 10 + k,
+                               "success": (0.5 if it == 0 else arms[a][k])}
+                              for a in arms for it in (0, 1) for k in range(2)])
+        tasks.write_csv(d / "branching_tasks.csv")
+        tasks.group_by("arm", "method", "seed", "iteration", maintain_order=True).agg(
+            pl.col("success").mean().alias("success_rate")).write_csv(d / "branching_curves.csv")
+        pl.DataFrame([{"arm": a, "method": "gigpo", "seed": seed, "iteration": 1, "sampled_turns_per_task": 9.0,
+                       "shared_turns_per_task": 0.0 if a == "none" else 2.0} for a in arms]).write_csv(
+            d / "branching_rollouts.csv")
+        folders.append(d)
+    out = tmp_path / "out"
+    table = branching.report(tmp_path / "work", ["none", "entropy"], ["gigpo"], [], out, log=False, merge=folders)
+    v = {r["metric"]: r for r in pl.read_csv(out / "branching_verdicts.csv").iter_rows(named=True)}
+    assert v["final"]["seeds"] == 2 and v["final"]["tasks"] == 2
+    assert v["final"]["diff"] == pytest.approx(25.0) and v["auc"]["diff"] == pytest.approx(12.5)
+    assert table["final_mean"].to_list() == pytest.approx([0.5, 0.75])
+    assert pl.read_csv(out / "branching_tasks.csv").height == 16
+    with pytest.raises(SystemExit, match=r"--merge .*bench0: arm, method and seed \('entropy', 'gigpo', 0\) are "
+                       r"in this bench too"):
+        branching.report(tmp_path / "work", ["none", "entropy"], ["gigpo"], [], out, log=False,
+                         merge=[folders[0], folders[0]])
+    (folders[1] / "branching_tasks.csv").unlink()
+    with pytest.raises(SystemExit, match=r"--merge .*bench1: branching_tasks.csv is missing"):
+        branching.report(tmp_path / "work", ["none", "entropy"], ["gigpo"], [], out, log=False, merge=folders)
+
+
 def test_learning_bands_by_hand():
     """The curves' bands: several seeds give ± std over seeds; one seed ± one standard error over its held-out tasks
     (std of the tasks' rates over the root of their number), and its difference to GRPO the paired 95 % bootstrap
