@@ -64,6 +64,16 @@ def _head_dim(config: dict) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
+def merged_copy(folder: Path, dtype: str) -> Path:
+    """A LoRA checkpoint's base with its adapter merged in, as one plain model folder in a new temporary directory
+    (`rollout.vllm.lora: merged`); the caller removes it."""
+    out = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
+    model, tok = load_policy(folder, dtype)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 class VLLMSampler:
     name = "vllm"
 
@@ -100,11 +110,7 @@ class VLLMSampler:
             lora_args = dict(enable_lora=True, max_lora_rank=min(slots), max_loras=1)
             folder = adapter_base(folder)
         elif is_adapter(folder):   # a merged copy: base + adapter as one plain model folder
-            self._tmp = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
-            model, tok = load_policy(folder, params.policy.dtype)
-            model.save_pretrained(self._tmp)
-            tok.save_pretrained(self._tmp)
-            folder = self._tmp
+            folder = self._tmp = merged_copy(folder, params.policy.dtype)
         if device.type == "cpu":   # the stage's thread budget (OMP_NUM_THREADS), placed by the OS
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             # vLLM declares its worker dead after one model step of 300 s; on a CPU shared with other stages a step

@@ -8,6 +8,8 @@ Hugging Face folder does (config, safetensors, tokenizer, chat template) and whi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import mmap
 import struct
 from dataclasses import dataclass
@@ -166,6 +168,30 @@ def gguf_tokenizer(path: str | Path, header: GgufHeader | None = None):
     return tokenizer
 
 
+@contextlib.contextmanager
+def _read_once():
+    """Within the block, gguf-py's file reader and tensor-name map are built once per file and per (architecture,
+    layers): transformers reads a GGUF file's metadata anew for its tokenizer, its config and its weights, and
+    builds the name map again for every module of the model (SmolLM2-135M: 3 readers and 397 maps, about half of a
+    load's time). Both are only read from, so sharing them changes nothing loaded."""
+    import gguf  # start-up cost: gguf-py (transformers' GGUF loader imports it too)
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def shared_reader(path, *args, **kwargs):
+        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def load_gguf(path: str | Path, progress=None):
     """(model, tokenizer) of a GGUF file: fp32 weights dequantized by transformers, in a fresh model of the same
     class (savable with `save_pretrained`), and the tokenizer with the chat template the file carries
@@ -178,9 +204,10 @@ def load_gguf(path: str | Path, progress=None):
     if progress is not None:
         progress(f"dequantizing {path.name}: {header.architecture} ({header.name}), {header.tensors} tensors of "
                  f"type {', '.join(header.tensor_types)}")
-    tokenizer = gguf_tokenizer(path, header)
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
-                                                  dtype=torch.float32)
+    with _read_once():
+        tokenizer = gguf_tokenizer(path, header)
+        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True,
+                                                      dtype=torch.float32)
     config = loaded.config
     for key in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, key):

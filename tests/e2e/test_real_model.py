@@ -33,7 +33,7 @@ def params(engine: str) -> dict:
     return {"seed": 5, "loop": {"iterations": 1}, "env": {"name": "sokoban", "max_turns": 2},
             "prompt": {"history_turns": 0},
             "policy": {"path": str(SMOL), "max_new_tokens": MAX_NEW},
-            "warmstart": {"episodes": 3, "steps": 2, "clean_steps": 2, "batch_size": 2, "lr": 1e-5},
+            "warmstart": {"episodes": 3, "steps": 1, "clean_steps": 1, "batch_size": 2, "lr": 1e-5},
             "rollout": {"engine": engine, "tasks_per_iteration": 2, "group_size": 2, "batch_size": 4,
                         "temperature": TEMPERATURE, "vllm": {"max_model_len": 512}},
             "update": {"epochs": 1, "minibatch_size": 8, "lr": 1e-5},
@@ -59,7 +59,7 @@ def test_init_dequantizes_and_warm_starts_smollm2(run):
     d, logs = run
     assert "dequantizing SmolLM2-135M-Instruct.Q4_1.gguf: llama" in logs["init"]
     assert "LlamaForCausalLM: 134,515,008 parameters, vocabulary 49152, chat template: yes" in logs["init"]
-    assert "warm start step 2/2" in logs["init"]
+    assert "warm start step 1/1" in logs["init"]
     config = json.loads((d / "results/iter_0/checkpoint/config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
 

@@ -134,10 +134,9 @@ def lora_checkpoint(base, folder, seed=0):
     return folder
 
 
-@pytest.mark.parametrize("mode", ["merged", "adapter"])
-def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp_path, mode):
-    """Both ways of serving a LoRA checkpoint (rollout.vllm.lora) sample from base + adapter: the log-probs vLLM
-    returns are the trainer's of the adapted policy, and far from the base's."""
+def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp_path):
+    """A LoRA checkpoint served as base + adapter (rollout.vllm.lora: adapter): the log-probs vLLM returns are the
+    trainer's of the adapted policy, and far from the base's."""
     from pipeline.config.params import load_params
     from pipeline.model.engines import open_sampler
 
@@ -145,7 +144,7 @@ def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp
     ck = lora_checkpoint(base, tmp_path / "iter_1" / "checkpoint")
     p = load_params(vllm_run / "params.yaml")
     p = p.model_copy(update={"rollout": p.rollout.model_copy(update={
-        "vllm": p.rollout.vllm.model_copy(update={"lora": mode})})})
+        "vllm": p.rollout.vllm.model_copy(update={"lora": "adapter"})})})
     steps = tables.read_table(vllm_run / "results/iter_1/steps.parquet", tables.STEPS)
     prompts = steps["prompt_ids"].to_list()[:12]
     sampler, tok = open_sampler(p, ck, engine_seed=0)
@@ -164,3 +163,30 @@ def test_vllm_samples_a_lora_checkpoint_with_the_trainers_logprobs(vllm_run, tmp
             logp, _ = token_logprobs(model, ids, resp, temperature=0.8)
         gaps[name] = float((logp[resp] - engine).abs().max())
     assert gaps["adapted"] < 1e-3 < 0.05 < gaps["base"], gaps
+
+
+def test_a_merged_lora_copy_is_the_adapted_policy(vllm_run, tmp_path):
+    """rollout.vllm.lora: merged serves a plain folder of base + adapter, which vLLM samples as it samples any
+    checkpoint (the module's run): that folder holds no adapter, and its log-probs are the adapted policy's, far
+    from the base's."""
+    import shutil
+
+    from pipeline.model.engines import merged_copy
+    from pipeline.model.policy import is_adapter
+
+    base = vllm_run / "results/iter_0/checkpoint"
+    ck = lora_checkpoint(base, tmp_path / "iter_1" / "checkpoint")
+    steps = tables.read_table(vllm_run / "results/iter_1/steps.parquet", tables.STEPS).head(12)
+    ids, _, resp = pad_batch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), 0)
+    merged = merged_copy(ck, "float32")
+    try:
+        assert not is_adapter(merged) and (merged / "config.json").is_file()
+        logp = {}
+        for name, folder in (("merged", merged), ("adapted", ck), ("base", base)):
+            model, _ = load_policy(folder)
+            with torch.no_grad():
+                logp[name] = token_logprobs(model, ids, resp, temperature=0.8)[0][resp]
+    finally:
+        shutil.rmtree(merged)
+    assert float((logp["merged"] - logp["adapted"]).abs().max()) < 1e-4
+    assert float((logp["merged"] - logp["base"]).abs().max()) > 0.05

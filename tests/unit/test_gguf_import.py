@@ -117,6 +117,12 @@ def test_an_f32_gguf_dequantizes_to_the_same_model_and_tokenizer(tiny, tmp_path)
     assert alone(text, add_special_tokens=False)["input_ids"] == ids and alone.chat_template == CHAT
     assert type(loaded).__name__ == "LlamaForCausalLM" and loaded.config.vocab_size == len(tok)
     torch.testing.assert_close(_logits(loaded, ids), _logits(model, ids), atol=1e-5, rtol=1e-5)
+    # the load shared one reader of the file and gave gguf-py back its own afterwards
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+    from gguf.tensor_mapping import get_tensor_name_map
+
+    assert gguf.GGUFReader is GGUFReader and gguf.get_tensor_name_map is get_tensor_name_map
 
 
 def test_a_base_model_whose_file_asks_for_bos_gets_it_in_every_prompt(tiny, tmp_path):
