@@ -48,7 +48,7 @@ def params_for(model: Path, variant: str, args) -> dict:
                    "gradient_checkpointing": args.gradient_checkpointing},
         "evaluate": {"tasks": args.tasks, "episodes_per_task": 1},
         "tracking": {"enabled": False},
-        "runtime": {"device": args.device},
+        "runtime": {"device": args.device, "fork_server": args.fork_server},
     }
 
 
@@ -135,6 +135,9 @@ def main(argv=None) -> None:
     ap.add_argument("--gradient-checkpointing", action="store_true", help="update.gradient_checkpointing")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--fork-server", action="store_true",
+                    help="fork the stages from one process that imported torch once (runtime.fork_server): a "
+                         "shorter run, but each job's peak RSS is then its client's, not the stage's")
     ap.add_argument("--models-dir", type=Path, default=Path("results/bench/models"))
     ap.add_argument("--work", type=Path, default=Path("results/bench/real_size_runs"))
     ap.add_argument("--out", type=Path, default=Path("results/bench"))

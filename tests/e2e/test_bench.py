@@ -279,7 +279,7 @@ def test_real_size_smoke(tmp_path):
     from bench import real_size
 
     real_size.main(["--model", "tiny", "--dtype", "float32", "--tasks", "1", "--group-size", "2", "--max-turns",
-                    "2", "--new-tokens", "3", "--cores", "2", "--variants", "lora",
+                    "2", "--new-tokens", "3", "--cores", "2", "--variants", "lora", "--fork-server",
                     "--models-dir", str(tmp_path / "models"), "--work", str(tmp_path / "runs"), "--out", str(tmp_path)])
     df = pl.read_csv(tmp_path / "real_size.csv")
     jobs = {(r["variant"], r["stage"], r["iteration"]) for r in df.iter_rows(named=True)}

@@ -46,7 +46,7 @@ def lora_reward_runs(grpo_run, tmp_path_factory):
         shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
         params = yaml.safe_load((d / "params.yaml").read_text())
         params["credit"] = {"method": m, m: {"lora": {"r": 4, "alpha": 8}}}
-        params["runtime"] = {"keep_optimizer": "all"}
+        params["runtime"] = {**params["runtime"], "keep_optimizer": "all"}   # the fork server kept
         params["tracking"] = {"enabled": False}
         (d / "params.yaml").write_text(yaml.safe_dump(params))
         dirs[m] = d

@@ -29,7 +29,7 @@ def lora_run(grpo_run, tmp_path_factory):
     params = yaml.safe_load((d / "params.yaml").read_text())
     params["policy"]["lora"] = {"r": 4, "alpha": 8}
     params["update"]["lr"] = 0.05          # large enough that the adapter visibly moves the tiny policy
-    params["runtime"] = {"keep_optimizer": "all"}
+    params["runtime"] = {**params["runtime"], "keep_optimizer": "all"}   # the fork server kept
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)

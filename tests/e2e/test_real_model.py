@@ -32,7 +32,7 @@ MAX_NEW = 10
 def params(engine: str) -> dict:
     return {"seed": 5, "loop": {"iterations": 1}, "env": {"name": "sokoban", "max_turns": 2},
             "prompt": {"history_turns": 0},
-            "policy": {"path": str(SMOL), "max_new_tokens": MAX_NEW},
+            "policy": {"path": str(SMOL), "max_new_tokens": MAX_NEW, "lora": {"r": 8, "alpha": 16}},
             "warmstart": {"episodes": 3, "steps": 1, "clean_steps": 1, "batch_size": 2, "lr": 1e-5},
             "rollout": {"engine": engine, "tasks_per_iteration": 2, "group_size": 2, "batch_size": 4,
                         "temperature": TEMPERATURE, "vllm": {"max_model_len": 512}},
@@ -44,7 +44,8 @@ def params(engine: str) -> dict:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """init, then rollout, group, advantages and update with vLLM's engine, then evaluate with Hugging Face's
-    (the two engines' samplers on one real model, at the cost of one run)."""
+    (the two engines' samplers on one real model, at the cost of one run). The update trains LoRA adapters, as the
+    SmolLM2 configs do (full fine-tuning is the tiny runs' default, and the warm start's here)."""
     d = tmp_path_factory.mktemp("smollm2")
     (d / "params.yaml").write_text(yaml.safe_dump(params("vllm")))
     logs = {"init": stage_cli(d, "init")}
@@ -53,6 +54,13 @@ def run(tmp_path_factory):
     (d / "params.yaml").write_text(yaml.safe_dump(params("hf")))
     logs["evaluate"] = stage_cli(d, "evaluate", 1)
     return d, logs
+
+
+@pytest.fixture(scope="module")
+def policies(run):
+    """The checkpoints of iterations 0 and 1, each read once for the module's tests (a 517 MB folder each)."""
+    d, _ = run
+    return {i: load_policy(d / f"results/iter_{i}/checkpoint") for i in (0, 1)}
 
 
 def test_init_dequantizes_and_warm_starts_smollm2(run):
@@ -64,12 +72,12 @@ def test_init_dequantizes_and_warm_starts_smollm2(run):
     assert config["model_type"] == "llama" and "quantization_config" not in config
 
 
-def test_a_real_model_plays_an_iteration_with_its_chat_template(run):
+def test_a_real_model_plays_an_iteration_with_its_chat_template(run, policies):
     d, logs = run
     assert "sampling with vllm, prefix caching on" in logs["rollout"]
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     assert steps.height >= 4
-    _, tok = load_policy(d / "results/iter_0/checkpoint")
+    (m0, tok), (m1, _) = policies[0], policies[1]
     for ids in steps["prompt_ids"].to_list():
         text = tok.decode(ids)
         assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
@@ -77,16 +85,16 @@ def test_a_real_model_plays_an_iteration_with_its_chat_template(run):
     ids = [i for row in steps["prompt_ids"].to_list() + steps["response_ids"].to_list() for i in row]
     assert 0 <= min(ids) and max(ids) < 49152
     assert all(r[-1] == tok.eos_token_id or len(r) == MAX_NEW for r in steps["response_ids"].to_list() if r)
-    # the update trained: iteration 1's weights differ from iteration 0's
-    m0, _ = load_policy(d / "results/iter_0/checkpoint")
-    m1, _ = load_policy(d / "results/iter_1/checkpoint")
+    # the update trained: iteration 1's checkpoint is an adapter on iteration 0's, and base + adapter (merged for
+    # sampling) differs from the base
+    assert (d / "results/iter_1/checkpoint/adapter_config.json").is_file()
     assert not torch.equal(m0.model.layers[0].mlp.up_proj.weight, m1.model.layers[0].mlp.up_proj.weight)
     # and Hugging Face's generate played iteration 1's checkpoint on the held-out tasks
     assert "with hf" in logs["evaluate"]
     assert json.loads((d / "results/iter_1/eval_metrics.json").read_text())["episodes"] == 2
 
 
-def test_vllm_samples_smollm2_with_the_trainers_logprobs(run):
+def test_vllm_samples_smollm2_with_the_trainers_logprobs(run, policies):
     """log pi_old of the update (the trainer's forward at the sampling temperature) equals the engine's log-probs
     of the sampled tokens. Through 30 layers the engine's oneDNN kernels and the trainer's differ by a machine-
     dependent amount (measured 3.5e-5 nats on one Xeon, 1.5e-3 on CI's); a real mismatch, the trainer at
@@ -94,7 +102,7 @@ def test_vllm_samples_smollm2_with_the_trainers_logprobs(run):
     d, _ = run
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
     steps = steps.filter(pl.col("response_ids").list.len() > 0)
-    model, tok = load_policy(d / "results/iter_0/checkpoint")
+    model, tok = policies[0]
     ids, _, resp = pad_batch(steps["prompt_ids"].to_list(), steps["response_ids"].to_list(), tok.pad_token_id)
     engine = torch.cat([torch.tensor(x) for x in steps["response_logprobs"].to_list()])
     gaps = {}
