@@ -55,7 +55,7 @@ from bench.learning import (
     run_side_by_side,
 )
 from bench.verdicts import compare_methods, task_success, verdict_frame
-from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params, with_overrides
+from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.oracle import run_credit
 from pipeline.data.figures import pyplot, save_figure
@@ -73,7 +73,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     """The base run of each seed (initial policy and its evaluation), then every arm's runs (`arms`: label -> its
     own overrides), `jobs` at a time."""
     for own in arms.values():   # every arm's params checked before any work
-        check_dependencies(with_overrides(load_params(params_file), [*sets, *own]), params_file)
+        check_dependencies(load_params(params_file, [*sets, *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
     plain = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
 

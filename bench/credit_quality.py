@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from bench import log_run
-from pipeline.config.params import METHOD_NAMES, load_params, with_overrides
+from pipeline.config.params import METHOD_NAMES, load_params
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.methods import METHODS, compute_advantages, history_depth
 from pipeline.credit.oracle import (
@@ -101,7 +101,7 @@ def position_baselines(labelled: pl.DataFrame) -> list[dict]:
 
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
-    params = with_overrides(load_params(params_file), list(sets))
+    params = load_params(params_file, list(sets))
     iterations = iterations_with(run_dir, "steps.parquet")
     iterations = [i for i in iterations if last is None or i <= last]
     if not iterations:

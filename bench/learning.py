@@ -52,7 +52,7 @@ import yaml
 
 from bench import log_run
 from bench.verdicts import compare_methods, paired_by_iteration, task_success, verdict_frame
-from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params, with_overrides
+from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.credit.preferences import pair_stats
 from pipeline.data.figures import pyplot, save_figure
@@ -135,9 +135,8 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
             sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
     arms = arms or parse_arms(methods, [])
     base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
-    loaded = load_params(params_file)
     for method, own in arms.values():    # every arm's params checked before any work
-        check_dependencies(with_overrides(loaded, [*sets, f"credit.method={method}", *own]), params_file)
+        check_dependencies(load_params(params_file, [*sets, f"credit.method={method}", *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
 
     def base_run(seed: int) -> None:

@@ -32,7 +32,7 @@ import polars as pl
 import torch
 
 from bench import cpu_name
-from pipeline.config.params import load_params, with_overrides
+from pipeline.config.params import load_params
 from pipeline.data.batches import minibatches
 from pipeline.data.tables import STEPS, atomic_file, read_table
 from pipeline.model.packing import micro_batches, packed_tokens, padded_tokens
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fits", nargs="*", default=[], metavar="METHOD", help="learned methods whose fit to time")
     ap.add_argument("--fit-groups", type=int, default=4, help="task groups of the first iteration the fits see")
     args = ap.parse_args(argv)
-    params = with_overrides(load_params(args.params), args.set)
+    params = load_params(args.params, args.set)
     run = args.run or run_folder(params, args.params)
     u = params.update
     micro = u.micro_batch_size or u.minibatch_size

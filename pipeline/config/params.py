@@ -461,7 +461,10 @@ def _moved(loc: tuple) -> str:
     return ""
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
+def load_params(path: str | Path = "params.yaml", overrides: list[str] = (), where: str = "--set") -> Params:
+    """The params file at `path`, with dotted `KEY=VALUE` `overrides` (a bench's `--set`) applied before it is
+    validated, so that an override can mend what the file alone would be refused for (a model path that exists
+    only on this machine)."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found")
@@ -471,6 +474,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ParamsError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    if overrides:
+        raw = apply_overrides(raw, list(overrides), where)
+        path = f"{path} with its {where} overrides"
     try:
         return Params.model_validate(raw)
     except ValidationError as e:

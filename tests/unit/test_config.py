@@ -121,6 +121,19 @@ def test_overrides_are_validated_like_a_file():
         with_overrides(Params(), ["credit.oprl.lr"])
 
 
+def test_a_benchs_overrides_apply_before_the_file_is_validated(tmp_path):
+    """`load_params(path, overrides)` validates the file with its overrides: an override mends what the file alone
+    is refused for, and a bad override is reported with the file's name."""
+    path = write(tmp_path, {"env": {"name": "sokobann"}, "update": {"lr": 3e-4}})
+    with pytest.raises(ParamsError, match="unknown env 'sokobann'"):
+        load_params(path)
+    p = load_params(path, ["env.name=sokoban", "update.lr=1e-5"])
+    assert p.env.name == "sokoban" and p.update.lr == 1e-5
+    with pytest.raises(ParamsError, match=r"params.yaml with its --set overrides: invalid parameters:\n  key "
+                                          r"'update.lr': Input should be greater than 0"):
+        load_params(path, ["env.name=sokoban", "update.lr=-1"])
+
+
 def test_schema_defaults_equal_an_empty_file(tmp_path):
     assert load_params(write(tmp_path, {})) == Params()
 
