@@ -4,7 +4,7 @@
     python -m bench.breakdown --run /path/to/results --out results/bench
 
 Reads Snakemake's benchmark files (`results/benchmarks/<stage>[_<iteration>].tsv`: wall seconds and peak RSS of
-each stage process) and each stage's `time/*` metrics (`results/metrics/<stage>[_<iteration>].jsonl`, written by
+each stage process, sampled) and each stage's `time/*` metrics (its peak RSS from the kernel too; the larger is kept) (`results/metrics/<stage>[_<iteration>].jsonl`, written by
 the tracker): start-up (interpreter and module imports, torch and transformers included where the stage needs
 them), tracking (MLflow), and the stage's own work. For a run made without those metrics, start-up is measured
 here instead: the best of three `python -c "import stages.<stage>"`. Writes breakdown.csv (one row per stage and
@@ -84,8 +84,13 @@ def collect(run_dir: Path) -> pl.DataFrame:
             startup, tracking, source = fallback[stage], None, "measured import"
         startup = min(startup, wall)
         tracking = min(tracking, wall - startup) if tracking is not None else 0.0
+        # Snakemake samples the job's process tree, which misses a job shorter than its interval and, under the
+        # fork server, sees only the launcher; the stage's own peak (`time/peak_rss_mb`, from the kernel) covers both.
+        sampled = float(rss) if rss not in (None, "-", "NA") else None
+        own = timing.get("time/peak_rss_mb") if timing is not None else None
+        peaks = [v for v in (sampled, own) if v is not None]
         rows.append({"stage": stage, "iteration": it, "wall_s": wall,
-                     "max_rss_mb": float(rss) if rss not in (None, "-", "NA") else None,
+                     "max_rss_mb": max(peaks) if peaks else None,
                      "startup_s": startup, "tracking_s": tracking, "work_s": wall - startup - tracking,
                      "startup_source": source})
     return pl.DataFrame(rows, schema_overrides={"iteration": pl.Int64, "max_rss_mb": pl.Float64})

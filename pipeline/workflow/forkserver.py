@@ -16,7 +16,7 @@ those of a plain process.
   killed by Snakemake, a test, or a user). SIGTERM, SIGINT and SIGHUP sent to the launcher are passed on.
 - The server exits when the Snakemake process that started it is gone, or on SIGTERM.
 - Snakemake's benchmark files then measure the launcher, not the child: their memory columns are the launcher's.
-  Leave the server off (the default) where those figures matter (`bench.real_size`).
+  The child logs its own peak (`time/peak_rss_mb`), which `bench.breakdown` and `bench.real_size` read instead.
 - Once a project module the server imported changes on disk, it refuses every request and the launchers run their
   stages themselves, with the new code (a stage's own module is read afresh by every child anyway).
 - Anything that goes wrong on the way (no server, a refused connection) makes the launcher run the stage itself.

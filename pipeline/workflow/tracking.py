@@ -97,6 +97,17 @@ def gpu_peak() -> dict[str, float]:
             / 2**20}
 
 
+def rss_peak() -> dict[str, float]:
+    """`time/peak_rss_mb`: the most resident memory this process held at once (the kernel's own count, so a stage
+    forked by the fork server or shorter than a sampler's interval is measured too), plus the largest of its
+    finished children's (an engine process)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"time/peak_rss_mb": (own + children) / 1024}
+
+
 class Tracker:
     """Child run of a stage; every call is safe when MLflow is down (it warns once and goes on)."""
 
@@ -230,7 +241,7 @@ class Tracker:
         now = time.time()
         self.log_metrics({"time/startup_s": max(self.t_enter - started, 0.0), "time/tracking_s": self.tracking_s,
                           "time/work_s": max(now - self.t_enter - self.tracking_s, 0.0),
-                          "time/total_s": now - started} | in_effect() | gpu_peak())
+                          "time/total_s": now - started} | in_effect() | gpu_peak() | rss_peak())
 
     def finish(self, status: str = "FINISHED", end_parent: bool = False) -> None:
         if not self._finished:

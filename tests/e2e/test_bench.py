@@ -289,7 +289,9 @@ def test_real_size_smoke(tmp_path):
     size = df.filter(pl.col("stage") == "update").row(0, named=True)
     assert size["checkpoint_mb"] < 0.5 * size["initial_checkpoint_mb"]
     assert size["optimizer_mb"] < size["initial_checkpoint_mb"]
-    assert (df["max_rss_mb"] > 0).all() and (tmp_path / "real_size.png").stat().st_size > 0
+    # Forked from the server, each stage reports its own peak (torch imported: some 400 MB), not the launcher's
+    # 17 MB that Snakemake's sampler sees, nor the 0 it records for a job shorter than its interval.
+    assert (df["max_rss_mb"] > 200).all() and (tmp_path / "real_size.png").stat().st_size > 0
 
 
 def test_score_advantages_on_valid_turns_by_hand():
