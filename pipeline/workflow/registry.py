@@ -111,6 +111,18 @@ _INIT_PROMPT = (When("prompt", _prompt_follows),
                 When("prompt.demonstration_pool", _warmstart_pool))
 
 
+def _init_view(p: Params) -> Params:
+    """The initial policy's params with the warm start's own demonstration count written as the prompt's and
+    `warmstart.demonstrations` null: the warm start then hashes alike whether the count is set there or followed
+    from `prompt.demonstrations` (a run with `warmstart.demonstrations: 0` and demonstrations in its RL prompts
+    reuses, through `run.base`, the initial policy of a run without any)."""
+    if p.warmstart.demonstrations is None:
+        return p
+    prompt = p.prompt.model_copy(update={"demonstrations": p.warmstart.demonstrations})
+    warm = p.warmstart.model_copy(update={"demonstrations": None})
+    return p.model_copy(update={"prompt": prompt, "warmstart": warm})
+
+
 def resolve(entries: tuple[Entry, ...], params: Params) -> list[str]:
     out = []
     for e in entries:
@@ -156,6 +168,9 @@ class Stage:
     module: str | None = None  # stages.<module> runs it; None: the stage's name
     # runs at iteration `first`, every k-th iteration after it and the last (None: every iteration)
     every: Callable[[Params], int] | None = None
+    # the params as the stage sees them, for its fingerprint: two settings that run the stage alike hash alike
+    # (None: the params as written)
+    effective: Callable[[Params], Params] | None = None
 
     @property
     def per_iteration(self) -> bool:
@@ -216,7 +231,7 @@ def _model_tables(folder: str) -> tuple[When, ...]:
 STAGES: tuple[Stage, ...] = (
     Stage("init", None, deps=(Named(policy_source),), outs=(INITIAL_CHECKPOINT,),
           params=("seed", "env", *_INIT_PROMPT, "policy.path", "policy.tiny", "policy.max_new_tokens", "policy.dtype",
-                  "warmstart", "runtime.device"), threads=2, loads_model=True),
+                  "warmstart", "runtime.device"), threads=2, loads_model=True, effective=_init_view),
     # The learned step-reward model before any RL: a copy of the initial policy (OPRL) or the initial policy's
     # body with a fresh scalar head (SPA), and SPA's empty replay.
     Stage("reward_init", None, deps=(INITIAL_CHECKPOINT,),
@@ -322,7 +337,8 @@ def param_value(params: Params, key: str):
 
 def params_fingerprint(stage: Stage, params: Params) -> str:
     """A hash of the params this stage depends on (Snakemake reruns the stage when it changes)."""
-    blob = json.dumps({k: param_value(params, k) for k in stage.params_for(params)}, sort_keys=True, default=str)
+    view = stage.effective(params) if stage.effective is not None else params
+    blob = json.dumps({k: param_value(view, k) for k in stage.params_for(view)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -466,8 +466,9 @@ def test_demonstrations_follow_the_shared_context_and_a_context_that_is_not_a_pr
 def test_warmstart_demonstrations_set_the_warm_starts_own_count_and_free_the_initial_policy_of_the_prompts(
         tmp_path, monkeypatch):
     """`warmstart.demonstrations: 0` trains the warm start on plain prompts whatever `prompt.demonstrations` says,
-    so a run with retrieved demonstrations in RL reuses the initial policy of a run without them (`run.base`); null
-    keeps the warm start on the prompts RL sees, and the initial policy then is not shared."""
+    so a run with retrieved demonstrations in RL reuses the initial policy of a run without them (`run.base`), also
+    of one that leaves the count null; null keeps the warm start on the prompts RL sees, and the initial policy
+    then is not shared."""
     from pipeline.config.params import Params
     from pipeline.rollout.warmstart import demonstrations
     from pipeline.workflow.runs import share_base
@@ -498,6 +499,13 @@ def test_warmstart_demonstrations_set_the_warm_starts_own_count_and_free_the_ini
     assert share_base(Params(**{**arm, "run": {"dir": "arm2", "base": base}}), log=lambda _: None) == []
     assert share_base(Params(**{**arm, "run": {"dir": "arm3", "base": base}}, warmstart={"demonstrations": 2}),
                       log=lambda _: None) == []
+    # a base that leaves the count null with no demonstrations in its prompts trained the same warm start as one
+    # that sets 0: the arm shares its initial policy; with 1 in the base's prompts it does not
+    for name, prompt, shared in (("plain", {}, ["init"]), ("one", {"demonstrations": 1}, [])):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"env": env, "prompt": prompt, "run": {"dir": "base"}}))
+        other = {"params": str(tmp_path / f"{name}.yaml"), "through": 0}
+        assert share_base(Params(**{**arm, "run": {"dir": f"arm_{name}", "base": other}},
+                                 warmstart={"demonstrations": 0}), log=lambda _: None) == shared
 
 
 def test_task_labels_are_the_questions_hardness_and_database(tmp_path):
