@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import get_args
 
+import torch
+
 from pipeline.data.seeds import mix_seed
 from pipeline.model.policy import (
     EntropySpec,
@@ -117,19 +119,18 @@ class VLLMSampler:
             # took longer (measured: 2 cores, two runs beside the test suite) and the rollout failed
             os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
             # the engine core and its worker in this process: vLLM's default starts two more, each importing torch
-            # and vLLM and each waited for at exit (a SmolLM2 rollout of 8 turns: 45 s, 55 CPU-seconds in three
-            # processes, 27 s and 33 in one; docs/models.md, Rollout engines); 1 restores vLLM's processes
+            # and vLLM and each waited for at exit (docs/models.md, One process on a CPU); 1 restores them
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.per_request_seed = device.type == "cuda"
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
-        import torch  # start-up cost: torch
-
         set_threads = torch.set_num_threads
-        self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
-                       enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
-                       max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
-                       generation_config="vllm", enable_prefix_caching=cfg.prefix_caching, **lora_args)
-        torch.set_num_threads = set_threads   # vLLM's CPU worker stubs it out in the process it runs in
+        try:
+            self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
+                           enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
+                           max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
+                           generation_config="vllm", enable_prefix_caching=cfg.prefix_caching, **lora_args)
+        finally:
+            torch.set_num_threads = set_threads   # vLLM's CPU worker stubs it out in the process it runs in
         # what the engine does, whatever was asked (vLLM turns it off on some platforms and models)
         self.prefix_caching = bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
         self.label = f"vllm, prefix caching {'on' if self.prefix_caching else 'off'}"

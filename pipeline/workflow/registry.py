@@ -115,10 +115,14 @@ def _init_view(p: Params) -> Params:
     """The initial policy's params with the warm start's own demonstration count written as the prompt's and
     `warmstart.demonstrations` null: the warm start then hashes alike whether the count is set there or followed
     from `prompt.demonstrations` (a run with `warmstart.demonstrations: 0` and demonstrations in its RL prompts
-    reuses, through `run.base`, the initial policy of a run without any)."""
+    reuses, through `run.base`, the initial policy of a run without any). A warm start without demonstrations
+    never reads their pool, which the view leaves at its default."""
     if p.warmstart.demonstrations is None:
         return p
-    prompt = p.prompt.model_copy(update={"demonstrations": p.warmstart.demonstrations})
+    shown = {"demonstrations": p.warmstart.demonstrations}
+    if not p.warmstart.demonstrations:
+        shown["demonstration_pool"] = PromptConfig.model_fields["demonstration_pool"].default
+    prompt = p.prompt.model_copy(update=shown)
     warm = p.warmstart.model_copy(update={"demonstrations": None})
     return p.model_copy(update={"prompt": prompt, "warmstart": warm})
 

@@ -495,6 +495,9 @@ def test_warmstart_demonstrations_set_the_warm_starts_own_count_and_free_the_ini
     base = {"params": str(tmp_path / "base.yaml"), "through": 0}
     arm = {"env": env, "prompt": {"demonstrations": 2}, "run": {"dir": "arm", "base": base}}
     assert share_base(Params(**arm, warmstart={"demonstrations": 0}), log=lambda _: None) == ["init"]
+    # nor on the pool the retrieved demonstrations come from, which a warm start without them never reads
+    pooled = {**arm, "prompt": {"demonstrations": 2, "demonstration_pool": 30}, "run": {"dir": "arm_pool", "base": base}}
+    assert share_base(Params(**pooled, warmstart={"demonstrations": 0}), log=lambda _: None) == ["init"]
     assert (tmp_path / "arm/iter_0/checkpoint/model.safetensors").is_symlink()
     assert share_base(Params(**{**arm, "run": {"dir": "arm2", "base": base}}), log=lambda _: None) == []
     assert share_base(Params(**{**arm, "run": {"dir": "arm3", "base": base}}, warmstart={"demonstrations": 2}),
