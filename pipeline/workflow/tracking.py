@@ -100,10 +100,19 @@ def gpu_peak() -> dict[str, float]:
 def rss_peak() -> dict[str, float]:
     """`time/peak_rss_mb`: the most resident memory this process held at once (the kernel's own count, so a stage
     forked by the fork server or shorter than a sampler's interval is measured too), plus the largest of its
-    finished children's (an engine process)."""
+    finished children's (an engine process).
+
+    The process's own peak is its memory's high-water mark (VmHWM in /proc/self/status) where Linux has one:
+    getrusage's ru_maxrss is carried over exec from the parent, so a stage that Snakemake or a bench started
+    would read its launcher's peak where that was larger."""
     import resource
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        status = Path("/proc/self/status").read_text()
+        own = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        pass
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"time/peak_rss_mb": (own + children) / 1024}
 

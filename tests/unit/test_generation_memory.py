@@ -3,6 +3,10 @@
 A random Llama with a 150k vocabulary (Qwen2.5's is 151,936) samples 32 responses of 32 tokens in a fresh process;
 the growth of its peak resident memory over a warmed-up baseline is compared with the size of the stacked
 [batch, tokens, vocab] fp32 logits (586 MiB), which the same process builds in the control run.
+
+The peak is the kernel's high-water mark of the process's own memory (VmHWM), reset to the resident size after the
+warm-up (/proc/self/clear_refs): getrusage's ru_maxrss is carried over exec from the parent, so a child of a pytest
+worker that had grown to gigabytes read its parent's peak, and the control grew "0 MiB".
 """
 
 import os
@@ -17,7 +21,7 @@ STACKED_MB = BATCH * NEW * VOCAB * 4 / 2**20
 BOUND_MB = 300   # one step's [batch, vocab] tensors take about 140 MiB here, whatever the number of tokens
 
 SCRIPT = textwrap.dedent(f"""
-    import resource, sys, torch
+    import re, sys, torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from pipeline.model.policy import generate
     torch.manual_seed(0)
@@ -39,10 +43,14 @@ SCRIPT = textwrap.dedent(f"""
             return torch.log_softmax(logits, -1).gather(-1, out.sequences[:, 8:, None])
     def ours():
         return sum(len(g.response_ids) for g in generate(model, Tok(), prompts, {NEW}, 1.0, seed=0))
+    def kib(key):
+        return int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1))
     generate(model, Tok(), prompts[:2], 2, 1.0, seed=0)      # warm up: allocator, kernels
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:             # the high-water mark back to the resident size
+        f.write("5")
+    before = kib("VmHWM")
     tokens = stacked().numel() if sys.argv[1] == "stacked" else ours()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = kib("VmHWM")
     print((after - before) / 1024, tokens)
 """)
 

@@ -1,7 +1,10 @@
 """The stage tracker opens MLflow in a background thread: metrics logged while it opens still reach the child run
-and the parent, the timing split adds up, and a broken store degrades to a warning."""
+and the parent, the timing split adds up, and a broken store degrades to a warning; a stage's logged peak memory is
+its own, not its launcher's."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -47,3 +50,16 @@ def test_a_broken_store_warns_and_marks_the_stage_unsynced(tmp_path, monkeypatch
     assert (tmp_path / "results/metrics/group_1.unsynced").exists()
     logged = [json.loads(line) for line in (tmp_path / "results/metrics/group_1.jsonl").read_text().splitlines()]
     assert logged[0]["metrics"] == {"group/turns": 10.0}
+
+
+def test_a_stage_started_by_a_larger_process_logs_its_own_peak_not_its_parents():
+    # a 1.5 GiB parent starts a child that touches 200 MiB: getrusage alone would report the parent's 1.5 GiB
+    # (ru_maxrss survives exec); the child's own high-water mark is its 200 MiB plus the interpreter's
+    big = bytearray(1536 << 20)
+    big[::4096] = b"\1" * len(big[::4096])
+    script = ("a = bytearray(200 << 20); a[::4096] = b'\\1' * len(a[::4096]); "
+              "from pipeline.workflow.tracking import rss_peak; print(rss_peak()['time/peak_rss_mb'])")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    del big
+    peak = float(r.stdout)
+    assert 200 < peak < 600, peak
