@@ -91,6 +91,14 @@ def stage_cli(d: Path, name: str, it: int | None = None, timeout: int = 900) -> 
     return sh(cmd + (["--iteration", str(it)] if it is not None else []), d, timeout)
 
 
+def merge_sections(params: dict, changes: dict) -> dict:
+    """`changes` ({section: {key: value}}) merged into `params`' sections in place: the keys a change leaves out
+    keep their values."""
+    for section, values in changes.items():
+        params[section] = {**(params.get(section) or {}), **values}
+    return params
+
+
 def dvc_repo(d: Path, **changes) -> Path:
     """A fresh git + DVC repository in `d` holding the pipeline's code, the tiny params (one iteration, every
     section written out: DVC reads each stage's params from the file) with `changes` merged into their sections,
@@ -101,8 +109,7 @@ def dvc_repo(d: Path, **changes) -> Path:
     params["loop"]["iterations"] = 1
     # DVC runs one stage at a time: let the model stages use both cores (Snakemake gives them as many, too)
     params["runtime"]["resources"] = {"rollout": {"threads": 2}, "evaluate": {"threads": 2}}
-    for section, values in changes.items():
-        params[section].update(values)
+    merge_sections(params, changes)
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     for name in ("pipeline", "stages"):
         shutil.copytree(ROOT / name, d / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -135,8 +142,7 @@ def run_env_config(d: Path, config: str, every_stage: bool = False, **changes) -
     params["policy"]["tiny"]["tokenizer_corpus_episodes"] = 10
     params["tracking"] = {"enabled": False}
     params["runtime"] = {**(params.get("runtime") or {}), "fork_server": True}   # as the tiny params have it
-    for section, values in changes.items():
-        params[section] = {**params.get(section, {}), **values}
+    merge_sections(params, changes)
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     run = params["run"]["dir"]
     targets = [] if every_stage else [f"{run}/iter_0/eval_metrics.json", f"{run}/iter_1/advantages.parquet"]
@@ -156,6 +162,17 @@ def grpo_run(tmp_path_factory) -> Path:
     if r.returncode != 0:
         pytest.fail(snakemake_failure(d, r))
     return d
+
+
+def continue_grpo_run(grpo_run: Path, d: Path, **changes) -> Path:
+    """The shared GRPO run copied into `d` (without its MLflow store) to be continued there, with `changes` merged
+    into its params' sections and tracking off: what a change leaves out stays, the tiny params' fork server
+    included. Returns the params file."""
+    shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    params = yaml.safe_load((d / "params.yaml").read_text())
+    merge_sections(params, {**changes, "tracking": {"enabled": False}})   # not a stage parameter: reruns nothing
+    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    return d / "params.yaml"
 
 
 # each continues the shared GRPO run; RLOO, GRPO's leave-one-out twin, runs end to end in test_bench's learning smoke
@@ -225,19 +242,16 @@ def method_runs(grpo_run, tmp_path_factory) -> dict[str, MethodRun]:
     runs, procs = {}, {}
     for m in SHARED_RUN_METHODS:
         d = tmp_path_factory.mktemp(f"method_{m}")
-        params = yaml.safe_load((grpo_run / "params.yaml").read_text())
-        params["credit"] = {"method": m}
         if m == SIDE_BY_SIDE:
             shutil.copytree(grpo_run, d, dirs_exist_ok=True, symlinks=True)
+            params = yaml.safe_load((grpo_run / "params.yaml").read_text())
+            params["credit"] = {"method": m}
             params["run"] = {"dir": f"runs/{m}", "base": {"params": "params.yaml", "through": 1}}
             (d / f"{m}.yaml").write_text(yaml.safe_dump(params))
             runs[m] = MethodRun(d, d / f"{m}.yaml", d / f"runs/{m}", planned_jobs(d, f"{m}.yaml"))
             args = ["--config", f"params={m}.yaml"]
         else:
-            shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-            params["tracking"] = {"enabled": False}  # not a stage parameter: changes nothing that reruns
-            (d / "params.yaml").write_text(yaml.safe_dump(params))
-            runs[m] = MethodRun(d, d / "params.yaml", d / "results", planned_jobs(d))
+            runs[m] = MethodRun(d, continue_grpo_run(grpo_run, d, credit={"method": m}), d / "results", planned_jobs(d))
             args = []
             if m not in EVALUATED_METHOD_RUNS:     # GRPO's evaluation and report, which this run does not redo
                 args = [LAST_UPDATE]

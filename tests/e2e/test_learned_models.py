@@ -33,22 +33,15 @@ def test_oprl_iteration_1_step_rewards_are_exactly_zero(method_runs):
 def lora_reward_runs(grpo_run, tmp_path_factory):
     """The shared GRPO run continued with OPRL, SPA and GAE, each with a LoRA model (PRM, estimator, critic), up to
     iteration 2's fit (keep_optimizer: all, so that a fit can be rerun alone)."""
-    import shutil
     import subprocess
 
-    import yaml
-
-    from tests.conftest import SNAKEMAKE, snakemake_failure
+    from tests.conftest import SNAKEMAKE, continue_grpo_run, snakemake_failure
 
     dirs = {}
     for m in LEARNED:
         d = tmp_path_factory.mktemp(f"lora_{m}")
-        shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-        params = yaml.safe_load((d / "params.yaml").read_text())
-        params["credit"] = {"method": m, m: {"lora": {"r": 4, "alpha": 8}}}
-        params["runtime"] = {**params["runtime"], "keep_optimizer": "all"}   # the fork server kept
-        params["tracking"] = {"enabled": False}
-        (d / "params.yaml").write_text(yaml.safe_dump(params))
+        continue_grpo_run(grpo_run, d, credit={"method": m, m: {"lora": {"r": 4, "alpha": 8}}},
+                          runtime={"keep_optimizer": "all"})
         dirs[m] = d
     procs = {m: subprocess.Popen([SNAKEMAKE, "results/iter_2/step_rewards.parquet", "--cores", "1", "--quiet"],
                                  cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

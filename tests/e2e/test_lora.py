@@ -13,11 +13,10 @@ import sys
 import polars as pl
 import pytest
 import torch
-import yaml
 
 from pipeline.data import tables
 from pipeline.model.policy import adapter_base, load_policy, pad_batch, token_logprobs
-from tests.conftest import SNAKEMAKE, snakemake_failure
+from tests.conftest import SNAKEMAKE, continue_grpo_run, snakemake_failure
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +24,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def lora_run(grpo_run, tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
-    shutil.copytree(grpo_run, d, dirs_exist_ok=True, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
-    params = yaml.safe_load((d / "params.yaml").read_text())
-    params["policy"]["lora"] = {"r": 4, "alpha": 8}
-    params["update"]["lr"] = 0.05          # large enough that the adapter visibly moves the tiny policy
-    params["runtime"] = {**params["runtime"], "keep_optimizer": "all"}   # the fork server kept
-    params["tracking"] = {"enabled": False}
-    (d / "params.yaml").write_text(yaml.safe_dump(params))
+    continue_grpo_run(grpo_run, d, policy={"lora": {"r": 4, "alpha": 8}},
+                      update={"lr": 0.05},     # large enough that the adapter visibly moves the tiny policy
+                      runtime={"keep_optimizer": "all"})
     r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         pytest.fail(snakemake_failure(d, r))
