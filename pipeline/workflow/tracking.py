@@ -99,12 +99,14 @@ def gpu_peak() -> dict[str, float]:
 
 def rss_peak() -> dict[str, float]:
     """`time/peak_rss_mb`: the most resident memory this process held at once (the kernel's own count, so a stage
-    forked by the fork server or shorter than a sampler's interval is measured too), plus the largest of its
-    finished children's (an engine process).
+    forked by the fork server or shorter than a sampler's interval is measured too); and
+    `time/children_peak_rss_mb`: the largest of its finished children's peaks (an engine process, a compiler).
 
     The process's own peak is its memory's high-water mark (VmHWM in /proc/self/status) where Linux has one:
     getrusage's ru_maxrss is carried over exec from the parent, so a stage that Snakemake or a bench started
-    would read its launcher's peak where that was larger."""
+    would read its launcher's peak where that was larger. For the same reason a child's peak starts at what this
+    process held when it forked the child, even one that only runs `true`: it is reported apart, never added to
+    the stage's own (that sum counted the stage twice)."""
     import resource
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -114,7 +116,7 @@ def rss_peak() -> dict[str, float]:
     except (OSError, StopIteration, IndexError, ValueError):
         pass
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"time/peak_rss_mb": (own + children) / 1024}
+    return {"time/peak_rss_mb": own / 1024, "time/children_peak_rss_mb": children / 1024}
 
 
 class Tracker:

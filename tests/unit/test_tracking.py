@@ -63,3 +63,16 @@ def test_a_stage_started_by_a_larger_process_logs_its_own_peak_not_its_parents()
     del big
     peak = float(r.stdout)
     assert 200 < peak < 600, peak
+
+
+def test_a_stage_that_runs_a_small_command_does_not_count_its_memory_twice():
+    # the child `true` inherits the 1 GiB process's high-water mark at fork (its ru_maxrss reads ~1 GiB): added to
+    # the stage's own peak, that read 2 GiB
+    script = ("import subprocess; a = bytearray(1 << 30); a[::4096] = b'\\1' * len(a[::4096]); "
+              "subprocess.run(['true'], check=True); "
+              "from pipeline.workflow.tracking import rss_peak; p = rss_peak(); "
+              "print(p['time/peak_rss_mb'], p.get('time/children_peak_rss_mb', 0))")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    own, children = map(float, r.stdout.split())
+    assert 1024 < own < 1400, own
+    assert children > 1000, children      # what the child inherited, reported apart
