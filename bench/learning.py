@@ -316,6 +316,7 @@ def plot(curves: pl.DataFrame, path: Path, tasks: dict | None = None, baseline: 
             ax.fill_between(x, d["low"].to_numpy(), d["high"].to_numpy(), color=colors[method], alpha=0.12)
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xlabel("iteration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel(f"success minus {baseline}'s, same seed (points)")
         ax.set_title(f"Paired with {baseline} on the same seed")
         ax.grid(alpha=0.3)
