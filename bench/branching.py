@@ -53,6 +53,7 @@ from bench.learning import (
     continuing_run,
     curve_bands,
     run_side_by_side,
+    write_run_params,
 )
 from bench.verdicts import compare_methods, task_success, verdict_frame
 from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params
@@ -80,7 +81,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     def base_run(seed: int) -> None:
         d = work / f"base_s{seed}"
         _workflow(d)
-        (d / "params.yaml").write_text(yaml.safe_dump(_params(plain, methods[0], seed, uri)))
+        write_run_params(d, _params(plain, methods[0], seed, uri))
         _snakemake(d, max(cores, cores * jobs // len(seeds)), "results/iter_0/eval.parquet")
 
     runs = []

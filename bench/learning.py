@@ -68,6 +68,42 @@ def _workflow(d: Path) -> None:
     shutil.copytree(ROOT / "profiles", d / "profiles", dirs_exist_ok=True)
 
 
+def _changed_keys(old, new, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two params trees."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in sorted(set(old) | set(new), key=str)
+                for k in _changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def write_run_params(d: Path, params: dict) -> None:
+    """`d/params.yaml` for a benchmark run: written where the folder has no results yet, left as it is (its time too)
+    where the same params are there, refused where a run with other params already wrote results: Snakemake would
+    rerun it, and the removal of its outputs would break the runs that link them (`run.base`)."""
+    f = d / "params.yaml"
+    if f.is_file():
+        before = yaml.safe_load(f.read_text())
+        if before == params:
+            return
+        if (d / "results").exists():
+            keys = _changed_keys(before, params)
+            shown = ", ".join(f"{k}: {_at(before, k)} -> {_at(params, k)}" for k in keys[:5])
+            raise SystemExit(f"error: {f}: a run made with other params is there ({shown}"
+                             f"{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}); rerunning it would remove "
+                             "outputs that other runs link (run.base). Pass the --params and --set it was made with, "
+                             "or another --work")
+    f.write_text(yaml.safe_dump(params))
+
+
+def _at(tree, dotted: str) -> str:
+    """The value at a dotted key, as the error shows it ("absent" where the tree has no such key)."""
+    for key in dotted.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return "absent"
+        tree = tree[key]
+    return repr(tree)
+
+
 def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:
     """A benchmark run's params: `base` with the seed and method, into `results/` of its own folder (whatever
     folder the config names: the benchmark's targets are there)."""
@@ -97,7 +133,7 @@ def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: st
     _workflow(d)
     p = _params(apply_overrides(base, list(sets)), method, seed, tracking_uri)     # a copy, with its overrides
     p["run"]["base"] = {"params": str((base_dir / "params.yaml").resolve()), "through": through}
-    (d / "params.yaml").write_text(yaml.safe_dump(p))
+    write_run_params(d, p)
     return d
 
 
@@ -142,7 +178,7 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
     def base_run(seed: int) -> None:
         seed_dir = work / f"base_s{seed}"
         _workflow(seed_dir)
-        (seed_dir / "params.yaml").write_text(yaml.safe_dump(_params(base, "grpo", seed, uri)))
+        write_run_params(seed_dir, _params(base, "grpo", seed, uri))
         _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
                    "results/iter_0/eval.parquet")
         for label, (method, own) in arms.items():  # each links the base's initial policy and first rollout

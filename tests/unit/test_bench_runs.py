@@ -1,0 +1,28 @@
+"""A benchmark's run folders: params written once, kept when the same, refused when a finished run had others."""
+import os
+
+import pytest
+import yaml
+
+from bench.learning import write_run_params
+
+
+def test_a_run_folder_with_results_refuses_other_params_and_keeps_the_same_ones(tmp_path):
+    first = {"seed": 0, "policy": {"path": "/a/model.gguf"}, "loop": {"iterations": 3}}
+    write_run_params(tmp_path, first)
+    f = tmp_path / "params.yaml"
+    assert yaml.safe_load(f.read_text()) == first
+
+    os.utime(f, (1_000_000, 1_000_000))
+    write_run_params(tmp_path, {"seed": 0, "policy": {"path": "/a/model.gguf"}, "loop": {"iterations": 3}})
+    assert f.stat().st_mtime == 1_000_000            # the same params: the file (and Snakemake's view of it) untouched
+
+    other = {"seed": 0, "policy": {"path": "/b/model.gguf"}, "loop": {"iterations": 3}}
+    write_run_params(tmp_path, other)                 # no results yet: nothing to protect, the new params written
+    assert yaml.safe_load(f.read_text()) == other
+
+    (tmp_path / "results").mkdir()
+    with pytest.raises(SystemExit, match=r"params.yaml: a run made with other params is there \(loop.iterations: 3 "
+                                         r"-> absent, policy.path: '/b/model.gguf' -> '/c/model.gguf'\)"):
+        write_run_params(tmp_path, {"seed": 0, "policy": {"path": "/c/model.gguf"}, "loop": {}})
+    assert yaml.safe_load(f.read_text()) == other   # nothing written
