@@ -52,7 +52,7 @@ import yaml
 
 from bench import log_run
 from bench.verdicts import compare_methods, paired_by_iteration, task_success, verdict_frame
-from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, load_params
+from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, flat_keys, load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.credit.preferences import pair_stats
 from pipeline.data.figures import pyplot, save_figure
@@ -68,12 +68,7 @@ def _workflow(d: Path) -> None:
     shutil.copytree(ROOT / "profiles", d / "profiles", dirs_exist_ok=True)
 
 
-def _changed_keys(old, new, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two params trees."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [k for key in sorted(set(old) | set(new), key=str)
-                for k in _changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")]
-    return [] if old == new else [prefix.rstrip(".")]
+_ABSENT = object()
 
 
 def write_run_params(d: Path, params: dict) -> None:
@@ -86,8 +81,9 @@ def write_run_params(d: Path, params: dict) -> None:
         if before == params:
             return
         if (d / "results").exists():
-            keys = _changed_keys(before, params)
-            shown = ", ".join(f"{k}: {_at(before, k)} -> {_at(params, k)}" for k in keys[:5])
+            old, new = flat_keys(before or {}), flat_keys(params)
+            keys = sorted(k for k in old.keys() | new.keys() if old.get(k, _ABSENT) != new.get(k, _ABSENT))
+            shown = ", ".join(f"{k}: {_shown(old, k)} -> {_shown(new, k)}" for k in keys[:5])
             raise SystemExit(f"error: {f}: a run made with other params is there ({shown}"
                              f"{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}); rerunning it would remove "
                              "outputs that other runs link (run.base). Pass the --params and --set it was made with, "
@@ -95,13 +91,8 @@ def write_run_params(d: Path, params: dict) -> None:
     f.write_text(yaml.safe_dump(params))
 
 
-def _at(tree, dotted: str) -> str:
-    """The value at a dotted key, as the error shows it ("absent" where the tree has no such key)."""
-    for key in dotted.split("."):
-        if not isinstance(tree, dict) or key not in tree:
-            return "absent"
-        tree = tree[key]
-    return repr(tree)
+def _shown(flat: dict, key: str) -> str:
+    return repr(flat[key]) if key in flat else "absent"
 
 
 def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:

@@ -547,8 +547,8 @@ def with_overrides(params: Params, sets: list[str], where: str = "--set") -> Par
             f"key '{_format_loc(err['loc'])}': {err['msg']}" for err in e.errors())) from None
 
 
-def params_dict(params: Params) -> dict:
-    """Flat `section.key -> value` mapping, for logging to MLflow."""
+def flat_keys(tree: dict) -> dict:
+    """Flat `section.key -> value` mapping of a nested params mapping (an empty section has no keys)."""
     out: dict = {}
 
     def walk(prefix: str, obj) -> None:
@@ -558,5 +558,10 @@ def params_dict(params: Params) -> dict:
         else:
             out[prefix] = obj
 
-    walk("", params.model_dump())
+    walk("", tree)
     return out
+
+
+def params_dict(params: Params) -> dict:
+    """Flat `section.key -> value` mapping, for logging to MLflow."""
+    return flat_keys(params.model_dump())
