@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pipeline.config.params import Params, load_params
 from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
+from pipeline.workflow.records import SNAKEMAKE_STAMP
 from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
@@ -68,9 +69,18 @@ def _inputs(stage, params: Params, it: int | None) -> list[str]:
 
 
 def _link(src: Path, dst: Path) -> int:
-    """Link `src` (a file, or a folder's files) at `dst`; returns the files linked. Existing files are kept."""
+    """Link `src` (a file, or a folder's files) at `dst`; returns the files linked. Existing files are kept.
+
+    A folder's Snakemake timestamp is made anew, not linked: linked, it would date the folder to when the base made
+    it, older than the links to the inputs it was made from, and Snakemake would run the job again and everything
+    after it. It is made once, when the folder is first linked, so that a later Snakemake call (which links again)
+    leaves the dates as they were."""
     if src.is_dir():
-        return sum(_link(child, dst / child.name) for child in sorted(src.iterdir()))
+        n = sum(_link(child, dst / child.name) for child in sorted(src.iterdir()) if child.name != SNAKEMAKE_STAMP)
+        if (src / SNAKEMAKE_STAMP).exists() and not (dst / SNAKEMAKE_STAMP).exists():
+            dst.mkdir(parents=True, exist_ok=True)
+            (dst / SNAKEMAKE_STAMP).touch()
+        return n
     if dst.exists() or dst.is_symlink():
         return 0
     dst.parent.mkdir(parents=True, exist_ok=True)

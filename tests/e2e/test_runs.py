@@ -6,8 +6,9 @@ import hashlib
 import subprocess
 
 import pytest
+import yaml
 
-from tests.conftest import SIDE_BY_SIDE, SNAKEMAKE
+from tests.conftest import SIDE_BY_SIDE, SNAKEMAKE, planned_jobs, workflow_files
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,9 @@ def test_reused_outputs_are_links_into_the_base_and_the_base_is_untouched(side_b
     steps = d / "runs/gigpo/iter_1/steps.parquet"
     assert steps.is_symlink() and steps.resolve() == (d / "results/iter_1/steps.parquet").resolve()
     ck = d / "runs/gigpo/iter_0/checkpoint"
-    assert ck.is_dir() and not ck.is_symlink() and all(f.is_symlink() for f in ck.iterdir())
+    assert ck.is_dir() and not ck.is_symlink()
+    assert all(f.is_symlink() for f in ck.iterdir() if f.name != ".snakemake_timestamp")
+    assert (ck / ".snakemake_timestamp").is_file() and not (ck / ".snakemake_timestamp").is_symlink()
     own = d / "runs/gigpo/iter_1/advantages.parquet"
     assert own.is_file() and not own.is_symlink()
     assert (d / "runs/gigpo/report/success_curve.csv").is_file()
@@ -79,3 +82,19 @@ def test_the_two_runs_compare_in_one_report(side_by_side, tmp_path):
     assert set(curves["run"].to_list()) == {"results", "runs/gigpo"}
     at0 = curves.filter(pl.col("iteration") == 0).sort("run")["success_rate"].to_list()
     assert at0[0] == at0[1]
+
+
+def test_a_run_continued_from_a_finished_one_plans_only_its_new_iteration(grpo_run, tmp_path):
+    """The GRPO run's params with a third iteration, in another folder, its base the finished two-iteration run
+    through its last iteration: every job of the base is reused, the updates and their checkpoints too (a linked
+    checkpoint dated by the base's timestamp looked older than the links to its own inputs, and Snakemake planned
+    every job from update 1 on again)."""
+    workflow_files(tmp_path)
+    params = yaml.safe_load((grpo_run / "params.yaml").read_text())
+    params["loop"]["iterations"] = 3
+    params["run"] = {"dir": "results", "base": {"params": str(grpo_run / "params.yaml"), "through": 2}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    new = {"rollout@3", "group@3", "advantages@3", "update@3", "evaluate@3", "report"}
+    assert planned_jobs(tmp_path) == new
+    assert planned_jobs(tmp_path) == new        # linking again on the next call leaves the dates as they were
+    assert (tmp_path / "results/iter_2/checkpoint").is_dir()
