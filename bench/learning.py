@@ -88,7 +88,7 @@ def write_run_params(d: Path, params: dict) -> None:
                              f"{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}); rerunning it would remove "
                              "outputs that other runs link (run.base). Pass the --params and --set it was made with, "
                              "or another --work")
-    f.write_text(yaml.safe_dump(params))
+    write_text_atomic(f, yaml.safe_dump(params))
 
 
 def _shown(flat: dict, key: str) -> str:
