@@ -69,19 +69,10 @@ def main(argv=None) -> None:
         turns = read_turns(ctx)
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
                                           p.update.gradient_checkpointing)
-        sampled = engine_logprobs(ctx, turns)
-        on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
-        if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
-            old = sampled if sampled is not None else old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
-            behaviour = None
-        else:              # one step off-policy: they are the behaviour policy's
-            old = old_logprobs(ctx, model, tokenizer.pad_token_id, turns, procs)
-            behaviour = sampled if sampled is not None else behaviour_logprobs(ctx, tokenizer.pad_token_id, turns,
-                                                                              procs)
-        weights, off_policy = ((None, {}) if behaviour is None
-                               else behaviour_weights(old, behaviour, p.update.behaviour_weight_cap))
-        mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
-        ref = reference_logprobs(ctx, tokenizer.pad_token_id, turns, procs, old)
+        if turns.prompts:
+            old, weights, ref, reports = logprob_passes(ctx, model, tokenizer.pad_token_id, turns, procs)
+        else:              # update.skip_zero_advantage left every turn out: no step, the weights stay
+            old, weights, ref, reports = [], None, None, {}
         make_optimizer = _optimizer_of(p)
         optimizer = make_optimizer(model.parameters())
         adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
@@ -94,7 +85,7 @@ def main(argv=None) -> None:
         stats = ppo_update(model, optimizer, turns.prompts, turns.responses, turns.advantages, old, p.update,
                            tokenizer.pad_token_id, seed=seed, ref_logps=ref, progress=ctx.log,
                            temperature=p.rollout.temperature, rank=procs.rank, world=procs.world, trace=trace,
-                           sharded=sharded, behaviour_weights=weights) | mismatch | off_policy
+                           sharded=sharded, behaviour_weights=weights) | reports
         if not all(math.isfinite(v) for v in stats.values()):
             raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
         if sharded:   # the whole weights and moments, on process 0, in an unsharded model and optimiser
@@ -170,8 +161,30 @@ def read_turns(ctx) -> Turns:
         ctx.log(f"credit.attribution hard: {table.height - attributed.height} copies of shared turns merged into "
                 f"the {attributed.height} sampled turns")
     table = attributed.filter(pl.col("response_ids").list.len() > 0)
+    if ctx.params.update.skip_zero_advantage:
+        kept = table.filter(pl.col("advantage") != 0.0)
+        ctx.log(f"update.skip_zero_advantage: {table.height - kept.height} of {table.height} turns have advantage 0 "
+                f"and are left out; {kept.height} train")
+        table = kept
     return Turns(table["prompt_ids"].to_list(), table["response_ids"].to_list(), table["advantage"].to_list(),
                  table["response_logprobs"].to_list())
+
+
+def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes):
+    """The log-probs the loss needs besides the new ones: log pi_old, one step off-policy the behaviour weights, the
+    KL reference's; and what they report (the engine's mismatch, the off-policy statistics)."""
+    sampled = engine_logprobs(ctx, turns)
+    on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
+    if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
+        old = sampled if sampled is not None else old_logprobs(ctx, model, pad_id, turns, procs)
+        behaviour = None
+    else:              # one step off-policy: they are the behaviour policy's
+        old = old_logprobs(ctx, model, pad_id, turns, procs)
+        behaviour = sampled if sampled is not None else behaviour_logprobs(ctx, pad_id, turns, procs)
+    weights, off_policy = ((None, {}) if behaviour is None
+                           else behaviour_weights(old, behaviour, ctx.params.update.behaviour_weight_cap))
+    mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
+    return old, weights, reference_logprobs(ctx, pad_id, turns, procs, old), mismatch | off_policy
 
 
 def engine_logprobs(ctx, turns: Turns) -> list | None:

@@ -269,6 +269,11 @@ class UpdateConfig(MicroBatching):
     epochs: int = Field(2, ge=1, description="passes over the iteration's turns")
     minibatch_size: int = Field(64, ge=1, description="turns per optimiser step, at most: an iteration's n turns "
                                 "are cut into ceil(n / minibatch_size) minibatches of near-equal size")
+    skip_zero_advantage: bool = Field(
+        False, description="leave the turns whose advantage is exactly 0 out of the update (DAPO's filtered groups: a "
+        "task group whose episodes all scored alike, under a method without a step term there). They move the policy "
+        "only through update.kl_coef's penalty, yet each costs a forward and a backward pass; the token mean and the "
+        "minibatches are then over the other turns, and an iteration without any trains nothing")
     clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
     dual_clip: float = Field(3.0, gt=1.0, description="dual-clip bound c for negative advantages")
     kl_coef: float = Field(0.0, ge=0.0, description="low_var_kl to the iteration-0 policy; 0 turns it off")
