@@ -18,7 +18,8 @@ the same ROC-AUC, a state's value (GAE's V(s_t)) by how often, of two states at 
 nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_iteration.csv,
 credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift), credit_quality.png and
 credit_quality_turns.parquet (each method's terms for each turn beside the oracle's label and distance: the rows
-behind an AUC, to see which turns a method ranks wrong).
+behind an AUC, to see which turns a method ranks wrong) and credit_quality_terms_by_turn.csv (`terms_by_turn`: how
+large each term is at each position of the episode, and how far the step term repeats the episode term).
 
 Beside the methods, credit_quality_baselines.csv scores two rankings that know nothing of credit, on the same
 turns: `turns_left` (the number of turns after a turn in its episode) and `turns_left_then_success` (the same, ties
@@ -99,6 +100,22 @@ def position_baselines(labelled: pl.DataFrame) -> list[dict]:
                                  pl.col("turns_left") + 0.5 * pl.col("success").cast(pl.Float64)))]
 
 
+def terms_by_turn(turns: pl.DataFrame) -> pl.DataFrame:
+    """Each method's two terms by the turn's position in its episode (`step`, from 0), from the rows of
+    credit_quality_turns.parquet: the turns, the share with a non-zero step term, the mean size of each term, their
+    correlation (null where either is constant) and, of the turns with a step term, the share whose step term has
+    the episode term's sign. Where a step term mostly repeats the outcome at some positions, it weights those turns
+    more than the others, which an episode-level method cannot."""
+    e, s = pl.col("episode_advantage"), pl.col("step_advantage")
+    with_step = s != 0
+    return (turns.group_by("method", "step", maintain_order=True)
+            .agg(pl.len().alias("turns"), with_step.mean().alias("share_step_term"),
+                 e.abs().mean().alias("mean_abs_episode_term"), s.abs().mean().alias("mean_abs_step_term"),
+                 pl.when((e.std() > 0) & (s.std() > 0)).then(pl.corr(e, s)).alias("corr_terms"),
+                 (e.sign() == s.sign()).filter(with_step).mean().alias("step_term_agrees"))
+            .sort("method", "step", maintain_order=True))
+
+
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
     params = load_params(params_file, list(sets))
@@ -157,6 +174,8 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     files.append(out_dir / "credit_quality_turns.parquet")
     with atomic_file(files[-1]) as tmp:
         pl.concat(turns).write_parquet(tmp)
+    files.append(out_dir / "credit_quality_terms_by_turn.csv")
+    write_text_atomic(files[-1], terms_by_turn(pl.concat(turns)).write_csv())
     if fit_stats:
         files.append(out_dir / "credit_quality_fit.csv")
         write_text_atomic(files[-1], pl.DataFrame(fit_stats, infer_schema_length=None).write_csv())

@@ -81,6 +81,24 @@ def test_position_baselines_by_hand():
     assert rows["turns_left_then_success"]["auc_valid"] == 1.0
 
 
+def test_terms_by_turn_by_hand():
+    """Two episodes of two turns. Turn 0: step terms +0.5 and −0.5 with the episode terms +1 and −1 (they agree,
+    correlation 1); turn 1: one step term, −0.2, against the episode term +1, and none on the other turn."""
+    turns = pl.DataFrame({"method": ["gigpo"] * 4, "episode_id": [0, 0, 1, 1], "step": [0, 1, 0, 1],
+                          "episode_advantage": [1.0, 1.0, -1.0, -1.0], "step_advantage": [0.5, -0.2, -0.5, 0.0]})
+    rows = credit_quality.terms_by_turn(turns).to_dicts()
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0] == {"method": "gigpo", "step": 0, "turns": 2, "share_step_term": 1.0, "mean_abs_episode_term": 1.0,
+                       "mean_abs_step_term": 0.5, "corr_terms": pytest.approx(1.0), "step_term_agrees": 1.0}
+    assert rows[1]["share_step_term"] == 0.5 and rows[1]["mean_abs_step_term"] == pytest.approx(0.1)
+    assert rows[1]["corr_terms"] == pytest.approx(-1.0)    # (+1, −0.2) and (−1, 0): the terms move apart
+    assert rows[1]["step_term_agrees"] == 0.0
+    grpo = credit_quality.terms_by_turn(turns.with_columns(pl.lit("grpo").alias("method"),
+                                                          pl.lit(0.0).alias("step_advantage")))
+    assert grpo["corr_terms"].to_list() == [None, None]      # no step term: nothing to correlate
+    assert grpo["step_term_agrees"].to_list() == [None, None]
+
+
 @pytest.mark.e2e
 def test_credit_quality_smoke(grpo_run, tmp_path):
     out = tmp_path / "bench"
@@ -101,6 +119,8 @@ def test_credit_quality_smoke(grpo_run, tmp_path):
         auc = credit_quality.roc_auc(t["advantage"].to_numpy(), t["good"].to_numpy())
         assert auc == pytest.approx(rows[m]["auc"], nan_ok=True)
     assert (turns.filter(pl.col("method") == "grpo")["step_advantage"] == 0).all()
+    by_turn = pl.read_csv(out / "credit_quality_terms_by_turn.csv")
+    assert by_turn.filter(pl.col("method") == "grpo")["turns"].sum() == rows["grpo"]["turns"]
     assert (turns.filter(~pl.col("action_valid"))["good"] == 0).all()
 
 
