@@ -19,7 +19,8 @@ nearer one has the higher value. Writes credit_quality.csv, credit_quality_by_it
 credit_quality_fit.csv (the fit statistics per iteration: losses, the PRM's drift), credit_quality.png and
 credit_quality_turns.parquet (each method's terms for each turn beside the oracle's label and distance: the rows
 behind an AUC, to see which turns a method ranks wrong) and credit_quality_terms_by_turn.csv (`terms_by_turn`: how
-large each term is at each position of the episode, and how far the step term repeats the episode term).
+large each term is at each position of the episode, and how far the step term repeats the episode term; drawn in
+credit_quality_terms_by_turn.png).
 
 Beside the methods, credit_quality_baselines.csv scores two rankings that know nothing of credit, on the same
 turns: `turns_left` (the number of turns after a turn in its episode) and `turns_left_then_success` (the same, ties
@@ -174,8 +175,11 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     files.append(out_dir / "credit_quality_turns.parquet")
     with atomic_file(files[-1]) as tmp:
         pl.concat(turns).write_parquet(tmp)
+    by_turn = terms_by_turn(pl.concat(turns))
     files.append(out_dir / "credit_quality_terms_by_turn.csv")
-    write_text_atomic(files[-1], terms_by_turn(pl.concat(turns)).write_csv())
+    write_text_atomic(files[-1], by_turn.write_csv())
+    files.append(out_dir / "credit_quality_terms_by_turn.png")
+    plot_terms_by_turn(by_turn, files[-1], f"{labelled.height} turns, iterations {iterations[0]}-{iterations[-1]}")
     if fit_stats:
         files.append(out_dir / "credit_quality_fit.csv")
         write_text_atomic(files[-1], pl.DataFrame(fit_stats, infer_schema_length=None).write_csv())
@@ -232,6 +236,33 @@ def plot(df: pl.DataFrame, per_it: pl.DataFrame, path: Path, subtitle: str, base
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"Credit quality on identical rollouts ({subtitle})", fontsize=9)
     save_figure(fig, path, tight_box=True)
+
+
+def plot_terms_by_turn(by_turn: pl.DataFrame, path: Path, subtitle: str) -> None:
+    """Per method with a step term: the mean size of its episode term and of its step term at each turn position,
+    and the share of turns with a step term."""
+    plt = pyplot()
+    methods = by_turn.filter(pl.col("share_step_term") > 0)["method"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(1, max(len(methods), 1), figsize=(4.2 * max(len(methods), 1), 3.6), dpi=120,
+                             squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        d = by_turn.filter(pl.col("method") == method)
+        x = d["step"].to_numpy() + 1
+        ax.bar(x, d["mean_abs_episode_term"].to_numpy(), color="tab:blue", label="episode term, mean |A^E|")
+        ax.bar(x, d["mean_abs_step_term"].to_numpy(), bottom=d["mean_abs_episode_term"].to_numpy(),
+               color="tab:green", label="step term, mean |A^S|")
+        for xi, share, corr in zip(x, d["share_step_term"], d["corr_terms"]):
+            ax.annotate(f"{share:.0%}\nr {corr:.2f}" if corr is not None else f"{share:.0%}", (xi, 0.02),
+                        ha="center", fontsize=7, color="white")
+        ax.set_xticks(x)
+        ax.set_xlabel("turn of the episode")
+        ax.set_title(method, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("mean size of the term")
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"Each term's size by turn; in the bars the share of turns with a step term and its correlation "
+                 f"with the episode term ({subtitle})", fontsize=8)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:
