@@ -172,10 +172,11 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
     write_text_atomic(files[0], df.write_csv())
     write_text_atomic(files[1], per_it_df.write_csv())
     write_text_atomic(files[3], pl.DataFrame(baselines).write_csv())
+    scored_turns = pl.concat(turns)
     files.append(out_dir / "credit_quality_turns.parquet")
     with atomic_file(files[-1]) as tmp:
-        pl.concat(turns).write_parquet(tmp)
-    by_turn = terms_by_turn(pl.concat(turns))
+        scored_turns.write_parquet(tmp)
+    by_turn = terms_by_turn(scored_turns)
     files.append(out_dir / "credit_quality_terms_by_turn.csv")
     write_text_atomic(files[-1], by_turn.write_csv())
     files.append(out_dir / "credit_quality_terms_by_turn.png")
