@@ -137,7 +137,7 @@ def preference_update(ctx, pairs: Pairs, model, tokenizer, seed: int, procs: Pro
     optimizer = _optimizer_of(p)(model.parameters())
     adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
     ctx.log(f"step-DPO on {len(triples)} pairs of {len(prompts)} turns (beta {cfg.beta}, margin {cfg.margin}, "
-            f"reference {cfg.reference})")
+            f"form {cfg.margin_form}, reference {cfg.reference})")
     trace: list[float] = []
     stats = step_dpo_update(model, optimizer, prompts, responses, triples, [float(r.sum()) for r in ref], cfg, u,
                             tokenizer.pad_token_id, seed, progress=ctx.log, trace=trace)

@@ -244,10 +244,15 @@ class StepDpoSettings(Section):
     min_gap: float = Field(0.0, ge=0.0, description="two turns of a state form a pair when their step values differ "
                            "by more than this")
     margin: Literal["value", "oracle"] = Field(
-        "value", description="value: margin_scale x the step values' gap; oracle: margin_scale x the difference of "
-        "the environment's distances after the two turns (privileged information: LearNAT's AST margin for SQL; "
-        "reports label it)")
-    margin_scale: float = Field(1.0, ge=0.0, description="the margin's scale; 0: plain DPO")
+        "value", description="the rewards r whose difference the margin reads: value, the turns' step values; "
+        "oracle: the similarity in [0, 1] of the state after each turn to the goal, 1 - d(s')/d(s_0) (on SQL the "
+        "share of the gold query's AST covered: LearNAT's AST reward; privileged information, reports label it)")
+    margin_form: Literal["log", "ratio", "linear"] = Field(
+        "log", description="log: alpha x log(r_w - r_l) (LearNAT's released trainer, an ODPO offset); ratio: alpha "
+        "x log(r_w / r_l), positive rewards only; linear: margin_scale x (r_w - r_l). A pair whose form is "
+        "undefined (r_w <= r_l, a non-positive reward under ratio) is not made, and counted")
+    alpha: float = Field(1.0, ge=0.0, description="the log and ratio forms' scale (LearNAT: 1); 0: plain DPO")
+    margin_scale: float = Field(1.0, ge=0.0, description="the linear form's scale; 0: plain DPO")
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="the discount of the step values that are returns (of "
                          "the environment's rewards, or of a learned per-turn score)")
     reference: Literal["previous", "init"] = Field(
@@ -513,7 +518,33 @@ def missing_dependencies(params: Params) -> list[str]:
     if absent:
         problems.append(f"key 'env.name': {spec.needs(absent)}: install the project as the README says "
                         "(README, The two commands)")
+    elif spec.lacks is not None:
+        problems += [f"key '{key}': {why}" for key, why in missing_capabilities(params, spec)]
     return problems
+
+
+def missing_capabilities(params: Params, spec) -> list[tuple[str, str]]:
+    """(key, why) for each part of the params that needs an environment capability which the environment's data
+    will not give it (`EnvSpec.lacks`): the warm start's expert, retrieved demonstrations, the oracle margin."""
+    w = params.warmstart
+    needs = []
+    if w.steps_for(params.policy) > 0 and w.episodes > 0 and w.random_action_share < 1:
+        needs.append(("warmstart", "expert_actions", f"the warm start ({w.steps_for(params.policy)} steps, "
+                      f"random_action_share {w.random_action_share} < 1) labels its demonstrations with the "
+                      "environment's expert", "set warmstart.steps: 0 (a pretrained policy.path needs none) or "
+                      "warmstart.random_action_share: 1 (random demonstrations only)"))
+    if params.prompt.demonstrations > 0:
+        needs.append(("prompt.demonstrations", "expert_actions", "retrieved demonstrations are expert episodes",
+                      "set prompt.demonstrations: 0"))
+    if params.update.objective == "step_dpo" and params.update.step_dpo.margin == "oracle":
+        needs.append(("update.step_dpo.margin", "oracle_distance", "the oracle margin reads the oracle's distances",
+                      "set update.step_dpo.margin: value"))
+    out = []
+    for key, capability, what, fix in needs:
+        why = spec.lacks(params.env, capability)
+        if why is not None:
+            out.append((key, f"{what}, but {why}: {fix}"))
+    return out
 
 
 def check_dependencies(params: Params, path: str | Path) -> None:

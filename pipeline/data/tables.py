@@ -129,11 +129,13 @@ PAIRS_SCHEMA = pa.schema([           # update.objective step_dpo: two turns of o
     ("chosen_value", pa.float64()),   # the credit method's step value v of each turn
     ("rejected_value", pa.float64()),
     ("gap", pa.float64()),            # chosen_value - rejected_value (> update.step_dpo.min_gap)
+    ("chosen_reward", pa.float64()),  # the rewards r the margin reads: the values, or the oracle's similarities
+    ("rejected_reward", pa.float64()),
     ("margin", pa.float64()),         # the DPO margin m
 ])
 
-PAIRS = Table(PAIRS_SCHEMA, keyed=False, finite=("chosen_value", "rejected_value", "gap", "margin"), empty_ok=True,
-              what="pair")
+PAIRS = Table(PAIRS_SCHEMA, keyed=False, empty_ok=True, what="pair",
+              finite=("chosen_value", "rejected_value", "gap", "chosen_reward", "rejected_reward", "margin"))
 
 EVAL_EPISODES_SCHEMA = pa.schema([
     ("iteration", pa.int32()),

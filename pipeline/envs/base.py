@@ -92,6 +92,9 @@ class EnvSpec:
     # modules the environment's engine needs, and the packages that install them (for the error when one is missing)
     requires: tuple[str, ...] = ()
     packages: str = ""
+    # lacks(config, capability) -> why an environment made from this config will lack an optional capability that
+    # its class may have (a user's data without what the capability needs), or None; read when the params load
+    lacks: Callable[[Any, str], str | None] | None = None
 
     def missing(self, by_import: bool = False) -> list[str]:
         """The modules of `requires` this Python cannot find (`importlib.util.find_spec`: nothing imported, for the
@@ -111,6 +114,15 @@ class EnvSpec:
 
 
 CACHE_DIR = "results/envs"   # files environments generate (games), shared by the stages of a run
+
+
+def user_cache(*parts: str) -> Path:
+    """A folder of the user's cache for what is derived from data files alone and keyed by their hashes (the BM25
+    index of a corpus, the check of a dataset's gold queries): `$CREDITRL_CACHE`, else `$XDG_CACHE_HOME/creditrl`,
+    else `~/.cache/creditrl` (docs/environments.md). Safe to delete; whatever is missing is built again."""
+    root = os.environ.get("CREDITRL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "creditrl")
+    return Path(root).expanduser().joinpath(*parts)
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
@@ -120,7 +132,7 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 _DISCOVERED = False
-_SUPPORT = {"base", "actions", "sql_ast"}   # modules not imported to find environments (sql_ast: sqlglot, slow)
+_SUPPORT = {"base", "actions", "sql_ast", "search_oracle"}   # modules not imported to find environments (sql_ast: sqlglot, slow)
 
 
 def registered() -> dict[str, EnvSpec]:
