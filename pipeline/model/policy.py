@@ -253,12 +253,13 @@ class EntropySpec:
 
 def arpo_entropy(candidates: list[list[float]], vocab: int) -> float:
     """ARPO's uncertainty of a response: -sum p log p over the candidates' log-probs `candidates` (one list per
-    position: its top-k, not renormalised), summed over the positions, divided by log `vocab`."""
+    position: its top-k, not renormalised), averaged over the positions (ARPO sums over its 20; ours are often
+    shorter, and a sum would follow the response's length), divided by log `vocab`; 0 for no position."""
     total = 0.0
     for position in candidates:
         for lp in position:
             total -= math.exp(lp) * lp
-    return total / math.log(vocab)
+    return total / (len(candidates) * math.log(vocab)) if candidates else 0.0
 
 
 # Generation settings that a model folder's generation_config.json may set (Qwen2.5-Instruct sets
@@ -311,12 +312,14 @@ class _SampledLogprobs:
         return torch.stack(self.columns, dim=1) if self.columns else torch.zeros(new_tokens.shape)
 
     def entropies(self, lengths: list[int]) -> list[float | None]:
-        """Each row's `arpo_entropy` over its first min(tokens, length) positions (None without an EntropySpec)."""
+        """Each row's `arpo_entropy` over its first min(tokens, length) positions, their mean (None without an
+        EntropySpec)."""
         if self.entropy is None:
             return [None] * len(lengths)
         terms = torch.stack(self.candidates, dim=1) if self.candidates else torch.zeros((len(lengths), 0))
         scale = math.log(self.entropy.vocab)
-        return [float(terms[i, :min(n, terms.shape[1])].sum()) / scale for i, n in enumerate(lengths)]
+        read = [min(n, terms.shape[1]) for n in lengths]
+        return [float(terms[i, :k].sum()) / (k * scale) if k else 0.0 for i, k in enumerate(read)]
 
 
 class _SeededSampling:

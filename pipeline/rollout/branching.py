@@ -2,17 +2,20 @@
 tree of a task's episodes, and what the later stages read of it.
 
 A task's budget is `rollout.group_size` (M) episodes. `initial` (N) start as global trajectories from the task's
-first state. After every turn, each path still going may hand up to `beam - 1` copies of its state to new episodes,
-while the task has episodes left in its budget: copy c branches when clip(U_c - beta * dH, 0, 1) <= tau, U_c uniform
-in [0, 1) from the stage's seed, the path and the turn, dH the entropy of the turn just sampled minus that of the
-path's first turn (ARPO; a branch shares its parent's first turn). `uniform`, the control, has each path hand its
-copies once, after a turn drawn uniformly, whatever the entropy. A task whose paths have all ended with episodes
-still to spend starts one more global trajectory each round. So every task ends with exactly M episodes.
+first state. A state reached by a valid tool call (a turn that changed the state and, where the environment names
+its tool calls, called a tool) is a branch point: there the path samples its next turn, and each of up to
+`beam - 1` copies of the state goes to a new episode, while the task has episodes left in its budget, when
+clip(U_c - beta * dH, 0, 1) <= tau, U_c uniform in [0, 1) from the stage's seed, the path and the turn, dH the
+entropy of the response just sampled in that state minus that of the path's first turn (ARPO reads the tokens
+generated right after the tool result; a branch shares its parent's first turn). `uniform`, the control, has each
+path hand its copies once, at the first branch point from a turn drawn uniformly, whatever the entropy. A task
+whose paths have all ended with episodes still to spend starts one more global trajectory each round. So every
+task ends with exactly M episodes.
 
-A branch starts in its parent's state after the parent's turn t: its turns 0..t are copies of the parent's rows
-(`shared`), its turns from `branch_turn` = t + 1 on are its own. The environment of a branch is restored by the
-environment's `snapshot()`/`restore()` where it has them, else by replaying the parent's responses from
-`reset(task)`, every replayed observation checked against the recorded one (`ReplayError` on a difference: the
+A branch started in its parent's state s(t) holds the parent's turns 0..t-1 as copies (`shared`) and samples its
+own turns from `branch_turn` = t on (turn t afresh, in the state where the parent sampled its turn t). The
+environment of a branch is restored by the environment's `snapshot()`/`restore()` where it has them, else by
+replaying the parent's responses from `reset(task)`, every replayed observation checked against the recorded one (`ReplayError` on a difference: the
 environment is not deterministic for a task seed, and branching cannot restore its states).
 """
 

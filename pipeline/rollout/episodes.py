@@ -22,7 +22,7 @@ import polars as pl
 
 from pipeline.data.seeds import mix_seed
 from pipeline.envs.actions import format_of
-from pipeline.envs.base import Env, Observation, StepResult, has
+from pipeline.envs.base import Env, Observation, StepResult, has, spec_of
 from pipeline.model.engines import HFSampler, VLLMSampler
 from pipeline.model.policy import EntropySpec, encode_prompt
 from pipeline.rollout.branching import branch_draw, check_replay, copies_to_branch
@@ -48,7 +48,7 @@ class _Path:
     rows: list[dict] = field(default_factory=list)
     parent: int | None = None       # branching: the parent's episode id and the first turn sampled here
     branch_turn: int | None = None
-    uniform_turn: int | None = None  # mode uniform: the turn after which it branches
+    uniform_turn: int | None = None  # mode uniform: it branches at the first branch point from this turn on
 
     @property
     def h_init(self) -> float | None:
@@ -71,6 +71,7 @@ class Branching:
     threshold: float
     entropy_weight: float
     entropy: EntropySpec | None   # what the sampler computes (None: uniform mode needs none)
+    tool_call: Callable[[str], bool] | None = None   # the environment's tool calls: branch points follow them
 
 
 def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[EpisodeSpec], *, history_turns: int,
@@ -117,6 +118,8 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
             rows_of = [k for k, q in enumerate(live) if block_of[q.index] == block]
             sl = slice(rows_of[0], rows_of[-1] + 1)
             gens.extend(sample(prompt_ids[sl], max_new_tokens, temperature, seed=seeds[sl], entropy=entropy))
+        # branches start in the state each path has just sampled in, before its turn is executed (ARPO's timing)
+        born = _branch(branching, specs, pending, live, gens, make_env, seed) if branching is not None else []
         still = []
         for k, q in enumerate(live):
             g = gens[k]
@@ -140,7 +143,7 @@ def play_episodes(model, tokenizer, make_env: Callable[[], Env], specs: list[Epi
             turns += 1
         rounds += 1
         if branching is not None:
-            born = _branch(branching, specs, pending, still, make_env, seed)
+            born += _restart(branching, specs, pending, still + born, make_env, seed)
             paths.extend(born)
             still.extend(born)
         if progress is not None:
@@ -156,44 +159,67 @@ _OVERRIDES = {"action": pl.String, "env_error": pl.String, "entropy": pl.Float64
               "branch_turn": pl.Int32, "shared": pl.Boolean}
 
 
-def _branch(b: Branching, specs: list[EpisodeSpec], pending: list[list[int]], still: list[_Path], make_env,
-            seed: int) -> list[_Path]:
-    """The paths a round starts (pipeline.rollout.branching): branches of the tasks' live paths, in spec order,
-    while the task has episodes left; one global trajectory for a task with none live and episodes left."""
+def branch_point(q: _Path, tool_call: Callable[[str], bool] | None) -> bool:
+    """Whether `q`'s current state is a branch point: reached by a valid turn that changed the state and, where the
+    environment names its tool calls, called a tool (ARPO branches after tool results only); not the state a
+    branch was started in, which its parent's copies already explore."""
+    if not q.rows or (q.branch_turn is not None and q.turn <= q.branch_turn):
+        return False
+    last = q.rows[-1]
+    return bool(last["action_valid"]) and last["anchor"] != q.obs.anchor and (
+        tool_call is None or (last["action"] is not None and tool_call(last["action"])))
+
+
+def _branch(b: Branching, specs: list[EpisodeSpec], pending: list[list[int]], live: list[_Path], gens: list,
+            make_env, seed: int) -> list[_Path]:
+    """The branches a round starts (pipeline.rollout.branching), in spec order, while a task has episodes left: a
+    live path in a branch point s(t) hands copies of s(t) whose number ARPO's rule draws from the entropy of the
+    response it has just sampled there, `gens[k]` for `live[k]` (mode entropy); or, mode uniform, `beam - 1` at the
+    first branch point at or after its drawn turn. Each copy samples turn t afresh next round."""
     born = []
     for t, slots in enumerate(pending):
         if not slots:
             continue
-        active = sorted((q for q in still if q.index // b.group_size == t), key=lambda q: q.index)
-        if not active:
-            i = slots.pop(0)
-            env = make_env()
-            born.append(_start(b, _Path(i, specs[i], env, env.reset(specs[i].task_id)), seed))
-            continue
-        for q in active:
+        for k, q in enumerate(live):
+            if q.index // b.group_size != t or not branch_point(q, b.tool_call):
+                continue
             n = min(b.beam - 1, len(slots))
             if n <= 0:
                 break
             if b.mode == "uniform":
-                copies = n if q.turn - 1 == q.uniform_turn else 0
+                copies = n if q.uniform_turn is not None and q.turn >= q.uniform_turn else 0
+                if copies:
+                    q.uniform_turn = None
             else:
-                h = q.rows[-1]["entropy"]
+                h = gens[k].entropy
                 if h is None or q.h_init is None:
                     raise ValueError("rollout.branching.mode entropy: the sampler returned no entropy")
-                draws = [branch_draw(seed, q.spec.episode_id, q.turn - 1, c) for c in range(n)]
+                draws = [branch_draw(seed, q.spec.episode_id, q.turn, c) for c in range(n)]
                 copies = copies_to_branch(draws, h - q.h_init, b.entropy_weight, b.threshold)
             for _ in range(copies):
                 born.append(_start(b, _fork(q, slots.pop(0), specs, make_env), seed))
     return born
 
 
+def _restart(b: Branching, specs: list[EpisodeSpec], pending: list[list[int]], going: list[_Path], make_env,
+             seed: int) -> list[_Path]:
+    """One more global trajectory for each task that has episodes left and no path going."""
+    born = []
+    for t, slots in enumerate(pending):
+        if slots and not any(q.index // b.group_size == t for q in going):
+            i = slots.pop(0)
+            env = make_env()
+            born.append(_start(b, _Path(i, specs[i], env, env.reset(specs[i].task_id)), seed))
+    return born
+
+
 def _start(b: Branching | None, q: _Path, seed: int) -> _Path:
-    """Mode uniform: the turn after which a new path branches, uniform among the turns after which it can (from its
-    own first turn to the one before the environment's last)."""
+    """Mode uniform: the state in which a new path branches, drawn uniformly among the states after its own turns
+    up to the environment's last turn (turns first + 1 .. horizon - 1, first its first sampled turn)."""
     if b is not None and b.mode == "uniform":
         first = q.turn
         if first < b.horizon - 1:
-            q.uniform_turn = first + int(branch_draw(seed, q.spec.episode_id, -1, 0) * (b.horizon - 1 - first))
+            q.uniform_turn = first + 1 + int(branch_draw(seed, q.spec.episode_id, -1, 0) * (b.horizon - 1 - first))
     return q
 
 
@@ -265,7 +291,7 @@ def branching_of(params, tokenizer) -> Branching | None:
         return None
     entropy = EntropySpec(b.entropy_tokens, b.top_logprobs, len(tokenizer)) if b.mode == "entropy" else None
     return Branching(b.mode, params.env.max_turns, r.group_size, b.initial_for(r.group_size), b.beam, b.threshold,
-                     b.entropy_weight, entropy)
+                     b.entropy_weight, entropy, spec_of(params.env).tool_call)
 
 
 def finish_episodes(steps: pl.DataFrame) -> pl.DataFrame:

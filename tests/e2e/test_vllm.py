@@ -66,7 +66,8 @@ def test_vllm_rollout_logprobs_match_the_trainers(vllm_run):
 
 def test_vllm_and_the_trainer_agree_on_arpo_entropy(vllm_run):
     """The branching rollout's entropies, from vLLM's top-10 log-probs, equal ARPO's quantity recomputed from the
-    trainer's logits (the first 20 positions' 10 most likely tokens at the sampling temperature, over log |V|), and
+    trainer's logits (the first 20 positions' 10 most likely tokens at the sampling temperature, their mean over
+    the positions, over log |V|), and
     the tree it grew is whole: 4 episodes a task, branches holding their parents' turns."""
     d = vllm_run
     steps = tables.read_table(d / "results/iter_1/steps.parquet", tables.STEPS)
@@ -76,8 +77,8 @@ def test_vllm_and_the_trainer_agree_on_arpo_entropy(vllm_run):
     for p, r in zip(sampled["prompt_ids"].to_list(), sampled["response_ids"].to_list()):
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([p + r])).logits[0, len(p) - 1: -1].float() / 0.8, -1)
-        top = logp[:20].topk(10, -1).values
-        recomputed.append(float(-(top.exp() * top).sum()) / math.log(len(tok)))
+        top = logp[:20].topk(10, -1).values                  # the mean over the min(20, |r|) positions read
+        recomputed.append(float(-(top.exp() * top).sum()) / len(top) / math.log(len(tok)))
     assert sampled["entropy"].to_list() == pytest.approx(recomputed, rel=1e-3, abs=1e-5)
     assert steps.group_by("task_group").agg(pl.col("episode_id").n_unique())["episode_id"].to_list() == [4] * 4
     assert steps["shared"].any() and steps.filter(pl.col("shared"))["parent_episode"].null_count() == 0

@@ -70,6 +70,25 @@ def tree(steps: pl.DataFrame) -> dict[int, tuple]:
             for r in eps.iter_rows(named=True)}
 
 
+def test_responses_of_equal_per_token_entropy_and_different_lengths_have_equal_h():
+    """H is the mean over the positions read (ARPO's sum over its always-20 positions, divided by 20): a 3-token
+    and an 8-token response whose positions each have the same top-10 candidates give one H, so dH = 0; the sum
+    made the longer one's H 8/3 of the shorter's."""
+    import math
+
+    from pipeline.model.policy import _SampledLogprobs, arpo_entropy
+
+    position = [math.log(0.5), math.log(0.25), math.log(0.125)]
+    per_token = -sum(math.exp(x) * x for x in position) / math.log(400)
+    short, long = arpo_entropy([position] * 3, 400), arpo_entropy([position] * 8, 400)
+    assert short == pytest.approx(per_token) and long == pytest.approx(per_token) and long - short == 0
+    assert arpo_entropy([position] * 25, 400) == pytest.approx(per_token) and arpo_entropy([], 400) == 0.0
+    # the Hugging Face sampler's own path: a batch of two rows, 3 and 8 tokens long, each position's terms equal
+    probe = _SampledLogprobs(1.0, EntropySpec(20, 3, 400))
+    probe.candidates = [torch.full((2,), per_token * math.log(400), dtype=torch.float64)] * 8
+    assert probe.entropies([3, 8]) == pytest.approx([per_token, per_token])
+
+
 def test_arpo_rule_on_hand_made_entropies():
     draws = [0.3, 0.6, 0.9]   # clip(U - 0.2 dH, 0, 1) <= 0.5
     assert copies_to_branch(draws, 0.0, 0.2, 0.5) == 1          # 0.3 only
@@ -83,25 +102,54 @@ def test_arpo_rule_on_hand_made_entropies():
 
 
 def test_entropy_rise_decides_which_paths_branch(monkeypatch):
-    """tau 0, beta 1: a copy branches exactly when its path's entropy rose by at least 1 since its first turn
-    (U < dH), whatever U. The entropy jumps at turn 2 only, so after turn 2 each global path of a task hands one copy
-    to the budget's next episode, in order; the branches (first turn 3, entropy 0 from then on) never branch."""
+    """tau 0, beta 1: a copy branches exactly when the response a path samples in a branch point has an entropy at
+    least 1 above its first turn's (U < dH), whatever U. The entropy jumps at turn 2 only, so a global path branches
+    in its state s(2), where it sampled that response (ARPO reads the tokens after the tool result; the project's
+    earlier code read the turn before and branched one turn late, at s(3)), and its copy resamples turn 2 there.
+    s(2) is a branch point only where turn 1 changed the state: episode 0's and 1001's turn 1 walked into a wall
+    (valid, a no-op), so they never branch; 1 and 1000 each hand one copy, the next episode of their budget."""
     scripted_encode(monkeypatch)
     b = Branching("entropy", 5, 4, 2, 2, 0.0, 1.0, EntropySpec(20, 10, 400))
     steps = play(Scripted(lambda turn: 5.0 if turn == 2 else 0.0), None, b)
-    assert tree(steps) == {0: (None, None, 0, 5), 1: (None, None, 0, 5), 2: (0, 3, 3, 5), 3: (1, 3, 3, 5),
-                           1000: (None, None, 0, 5), 1001: (None, None, 0, 5), 1002: (1000, 3, 3, 5),
-                           1003: (1001, 3, 3, 5)}
-    # a branch's first three turns are its parent's rows, its own turns are sampled with its own seeds
+    turn1 = {e: (r["action_valid"], r["anchor"]) for e in (0, 1, 1000, 1001)
+             for r in steps.filter((pl.col("episode_id") == e) & (pl.col("step") <= 2)).iter_rows(named=True)
+             if r["step"] == 1}
+    state2 = {e: steps.filter((pl.col("episode_id") == e) & (pl.col("step") == 2))["anchor"][0] for e in turn1}
+    assert {e: v and a != state2[e] for e, (v, a) in turn1.items()} == {0: False, 1: True, 1000: True, 1001: False}
+    assert tree(steps) == {0: (None, None, 0, 5), 1: (None, None, 0, 5), 2: (1, 2, 2, 5), 3: (None, None, 0, 5),
+                           1000: (None, None, 0, 5), 1001: (None, None, 0, 5), 1002: (1000, 2, 2, 5),
+                           1003: (None, None, 0, 5)}
+    # a branch's first two turns are its parent's rows; it samples turn 2 afresh in the parent's state s(2)
     own = ["prompt_ids", "response", "action", "reward", "observation", "anchor"]
-    parent, child = steps.filter(pl.col("episode_id") == 0), steps.filter(pl.col("episode_id") == 2)
-    assert child.head(3).select(own).equals(parent.head(3).select(own))
-    assert child["observation"][3] == parent["observation"][3]           # the same state at the branch point
-    assert child["shared"].to_list() == [True, True, True, False, False]
+    parent, child = steps.filter(pl.col("episode_id") == 1), steps.filter(pl.col("episode_id") == 2)
+    assert child.head(2).select(own).equals(parent.head(2).select(own))
+    assert child["observation"][2] == parent["observation"][2]           # the same state at the branch point
+    assert child["shared"].to_list() == [True, True, False, False, False]
     # no rise (or a fall): nothing branches; each task's paths end, and one more global trajectory starts a round
     flat = play(Scripted(lambda turn: -3.0 if turn == 2 else 0.0), None, b)
     assert {e: t[:3] for e, t in tree(flat).items()} == {e: (None, None, 0) for e in tree(steps)}
     assert flat.group_by("episode_id").len()["len"].to_list() == [5] * 8
+
+
+def test_an_invalid_turn_or_a_no_tool_turn_is_no_branch_point(monkeypatch):
+    """With the environment's tool calls named, a state reached by a move that is no tool call is no branch point;
+    an invalid response's state never is (tau 1: every branch point branches)."""
+    scripted_encode(monkeypatch)
+    everything = Branching("entropy", 5, 4, 2, 2, 1.0, 0.2, EntropySpec(20, 10, 400))
+    assert tree(play(Scripted(), None, everything))[2][0] is not None         # moves that change the state: branch
+    only_up = Branching("entropy", 5, 4, 2, 2, 1.0, 0.2, EntropySpec(20, 10, 400), tool_call=lambda a: a == "up")
+    steps = play(Scripted(), None, only_up)
+    heads = steps.filter(pl.col("parent_episode").is_not_null() & (pl.col("step") == pl.col("branch_turn") - 1))
+    parents = steps.join(heads.select(pl.col("parent_episode").alias("episode_id"), "step"), on=["episode_id", "step"])
+    assert heads.height > 0 and set(parents["action"].to_list()) == {"up"}   # each branch follows an "up"
+
+    class Garbled(Scripted):
+        def __call__(self, prompt_ids, *a, **k):
+            return [Generation(g.response_ids, g.logprobs, "no move", g.entropy)
+                    for g in super().__call__(prompt_ids, *a, **k)]
+
+    none = play(Garbled(), None, everything)
+    assert none["parent_episode"].null_count() == none.height and not none["action_valid"].any()
 
 
 def test_the_budget_is_filled_to_exactly_the_group_size(monkeypatch):
@@ -117,6 +165,15 @@ def test_the_budget_is_filled_to_exactly_the_group_size(monkeypatch):
     one = play(sampler, lambda: SokobanEnv(max_turns=1), Branching("uniform", 1, 4, 2, 2, 1.0, 0.2, None))
     assert one["parent_episode"].null_count() == one.height == 8
     assert sampler.batches == [4, 2, 2]   # both tasks' two globals together in one block, then one each a round
+
+
+class AnyMove(SokobanEnv):
+    """Sokoban where every response is a move (chosen by its text's CRC-32): an untrained model's turns are valid."""
+
+    def step(self, text):
+        import zlib
+
+        return super().step(f"<action>{MOVES[zlib.crc32(text.encode()) % 4]}</action>")
 
 
 class NoSnapshot:
@@ -223,8 +280,9 @@ def test_a_step_table_without_branching_columns_reads_as_plain_rollouts(tmp_path
 
 
 def test_generate_reports_arpo_entropy_of_its_own_samples(qwen_folder):
-    """`generate`'s entropy is -sum p log p over each of the first k positions' top-10 candidates, divided by log
-    |V|, from the distribution it sampled (here recomputed by a teacher-forced pass)."""
+    """`generate`'s entropy is -sum p log p over each of the first k positions' top-10 candidates, averaged over
+    the k positions, divided by log |V|, from the distribution it sampled (here recomputed by a teacher-forced
+    pass)."""
     model, tok = load_policy(qwen_folder)
     spec = EntropySpec(tokens=3, top_k=10, vocab=len(tok))
     prompts = [encode_prompt(tok, "Sokoban. push"), encode_prompt(tok, "a longer prompt than the other one")]
@@ -234,10 +292,10 @@ def test_generate_reports_arpo_entropy_of_its_own_samples(qwen_folder):
         ids = torch.tensor([p + g.response_ids])
         with torch.no_grad():
             logp = torch.log_softmax(model(ids).logits[0, len(p) - 1: -1].float() / 0.7, -1)
-        h = 0.0
-        for j in range(min(3, len(g.response_ids))):
+        h, k = 0.0, min(3, len(g.response_ids))
+        for j in range(k):
             h -= sum(float(logp[j, c].exp() * logp[j, c]) for c in torch.topk(logp[j], 10).indices.tolist())
-        assert g.entropy == pytest.approx(h / torch.log(torch.tensor(float(len(tok)))).item(), rel=1e-5)
+        assert g.entropy == pytest.approx(h / k / torch.log(torch.tensor(float(len(tok)))).item(), rel=1e-5)
     assert generate(model, tok, prompts, 6, 0.7, seed=[5, 9])[0].entropy is None
 
 
@@ -250,7 +308,7 @@ def test_a_rerun_and_a_sharded_rollout_write_the_same_bytes(qwen_folder, tmp_pat
     all_specs = specs(4, 4)
 
     def run(sp, progress=None):
-        return play_episodes(model, tok, lambda: SokobanEnv(max_turns=4), sp, history_turns=2, max_new_tokens=4,
+        return play_episodes(model, tok, lambda: AnyMove(max_turns=4), sp, history_turns=2, max_new_tokens=4,
                              temperature=1.0, batch_size=8, seed=11, branching=b, progress=progress).with_columns(
             pl.lit(1, pl.Int32).alias("iteration"))
 
