@@ -23,10 +23,14 @@ Data (`env.data_path`; null: the generated world the project ships, `pipeline.en
   `hotpot_dev_fullwiki_v1.json`), each a list of {question, answer, supporting_facts, context}; the corpus is every
   context paragraph (one passage per title, its sentences joined), and a question's plan is its supporting titles.
 
-Capabilities, where every question has a plan: `oracle_distance` (the plan's passages not yet retrieved, plus one
-for the answer; 0 after a correct answer, inf after a wrong one), `expert_actions` (a search for the first plan
-passage not yet retrieved by the name that finds it, which the question or a passage already read names; then
-the answer). `task_score` always.
+Capabilities, where every question has a plan: `oracle_distance` (the least number of searches that retrieve the
+plan's passages, over the queries an agent can write from what it has read: the question, the titles it has read,
+their pairs (`pipeline.envs.search_oracle`), plus one for the answer; 0 after a correct answer, inf after a wrong
+one), `expert_actions` (the first search of such a shortest sequence, the plan's next name where it is one; then
+the answer). A folder whose questions carry no plans has neither, and what needs them (the warm start's expert,
+retrieved demonstrations, the oracle margin) is refused when the params are checked. `task_score` always.
+
+The BM25 index is kept in the user's cache (`pipeline.envs.base.user_cache`), keyed by the corpus's hash.
 """
 
 from __future__ import annotations
@@ -46,8 +50,18 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
+from pipeline.envs.base import (
+    EnvSpec,
+    Observation,
+    StepResult,
+    data_error,
+    data_root,
+    first_file,
+    register,
+    user_cache,
+)
 from pipeline.envs.search_index import Retriever
+from pipeline.envs.search_oracle import SearchOracle
 from pipeline.envs.search_world import OUT
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
@@ -126,7 +140,8 @@ def data_format(folder: Path) -> str:
 
 
 def check_files(folder: Path) -> None:
-    """The folder holds one of the two layouts, and each file's first record has the fields it needs."""
+    """The folder holds one of the two layouts, and each file's first record has the fields it needs; Search-R1's
+    questions are read whole, every golden answer checked."""
     if not folder.is_dir():
         raise ValueError(f"env.data_path: {folder} is not a folder; expected one holding corpus.jsonl, train.jsonl "
                          "and test.jsonl (Search-R1) or HotpotQA's train.json and dev.json")
@@ -141,6 +156,8 @@ def check_files(folder: Path) -> None:
                 _check_record(path, _first_line(path), ("question", "golden_answers"))
             else:
                 _parquet_columns(path)
+            for where, r in _question_records(path):       # every question's answers: the files are small
+                _answers(path, where, r["golden_answers"])
         return
     for names in (HOTPOT_TRAIN, HOTPOT_DEV):
         path = first_file(folder, names)
@@ -193,6 +210,10 @@ def _answers(path: Path, where: str, value) -> tuple[str, ...]:
         answers = ()
     if not answers or not all(a.strip() for a in answers):
         raise data_error(path, f"{where}: golden_answers must be a non-empty list of non-empty strings, not {value!r}")
+    for a in answers:
+        if not normalize_answer(a):
+            raise data_error(path, f"{where}: golden answer {a!r} is empty after Search-R1's normalisation (case, "
+                             "punctuation and the articles a, an, the removed), so an empty answer would match it")
     return answers
 
 
@@ -297,11 +318,12 @@ def load_corpus(root: str) -> Corpus:
 
 
 @lru_cache(maxsize=4)
-def retriever_of(root: str, cache_dir: str) -> Retriever:
+def retriever_of(root: str) -> Retriever:
     """The corpus's BM25 index (title and text of each passage), once per process: every episode's environment
-    shares it."""
+    shares it. It is kept in the user's cache (`user_cache`), keyed by the corpus's SHA-256, whichever folder a
+    run works in."""
     c = load_corpus(root)
-    return Retriever.cached([f"{t}\n{x}" for t, x in zip(c.titles, c.texts, strict=True)], Path(cache_dir))
+    return Retriever.cached([f"{t}\n{x}" for t, x in zip(c.titles, c.texts, strict=True)], user_cache())
 
 
 # -- answers ------------------------------------------------------------------------------------------------------
@@ -365,7 +387,7 @@ class SearchEnv:
     def __init__(self, cfg: SearchConfig, cache_dir: Path):
         self.cfg = cfg
         self.corpus = load_corpus(_root(cfg.data_path))
-        self.retriever = retriever_of(_root(cfg.data_path), str(cache_dir))
+        self.retriever = retriever_of(_root(cfg.data_path))
         self.question: Question | None = None
         self.found: list[int] = []        # corpus rows retrieved so far, in order
         self.text = NOTHING_YET
@@ -445,24 +467,36 @@ class SearchEnv:
 
 class PlannedSearchEnv(SearchEnv):
     """Questions whose passages are known (the generated world's plans, HotpotQA's supporting facts): an oracle and
-    an expert."""
+    an expert, exact over the queries an agent can write from what it has read (`pipeline.envs.search_oracle`)."""
 
-    def missing(self) -> list[tuple[int, str]]:
-        found = set(self.found)
-        return [(r, name) for r, name in self.question.plan if r not in found]
+    def __init__(self, cfg: SearchConfig, cache_dir: Path):
+        super().__init__(cfg, cache_dir)
+        self.oracle = oracle_of(_root(cfg.data_path), cfg.search.top_k, cfg.search.passage_chars)
+
+    def _plan_rows(self) -> tuple[int, ...]:
+        return tuple(r for r, _ in self.question.plan)
 
     def oracle_distance(self) -> float:
         if self.answer is not None:
             return 0.0 if exact_match(self.answer, self.question.answers) else math.inf
-        return float(len(self.missing()) + 1)
+        return float(self.oracle.searches_needed(self.question.text, self._plan_rows(), self.found) + 1)
 
     def expert_actions(self) -> list[str]:
         if self.answer is not None:
             return []
-        missing = self.missing()
-        if missing:
-            return [f"<search>{missing[0][1]}</search>"]
+        first = self.oracle.first_searches(self.question.text, self.question.plan, list(dict.fromkeys(self.found)))
+        if first:
+            return [f"<search>{first[0]}</search>"]
         return [f"<answer>{self.question.answers[0]}</answer>"]
+
+
+@lru_cache(maxsize=4)
+def oracle_of(root: str, top_k: int, passage_chars: int) -> SearchOracle:
+    """One oracle per corpus and retrieval setting in a process: its memo serves every episode."""
+    c = load_corpus(root)
+    retriever = retriever_of(root)
+    return SearchOracle(c.titles, lambda r: _cut(c.texts[r], passage_chars), lambda q: retriever.search(q, top_k),
+                        top_k)
 
 
 def _cut(text: str, limit: int) -> str:
@@ -487,6 +521,19 @@ def name_words(cfg: SearchConfig) -> list[str]:
     return words if len(words) <= MAX_NAME_WORDS else []
 
 
+def lacks(cfg: SearchConfig, capability: str) -> str | None:
+    """Why the environment of `cfg` has no expert or oracle: questions without a plan (a user's Search-R1 files)."""
+    if capability not in ("expert_actions", "oracle_distance"):
+        return None
+    c = load_corpus(_root(cfg.data_path))
+    unplanned = [q for q in c.train + c.test if q.plan is None]
+    if not unplanned:
+        return None
+    return (f"{len(unplanned)} of {len(c.train) + len(c.test)} questions in {c.source} carry no plan (the passages "
+            f"each needs, a 'plan' of {{id, name}}; first: {unplanned[0].text[:80]!r}), so env search has no expert "
+            "and no oracle")
+
+
 SPEC = register(EnvSpec("search", SearchConfig, make, words=name_words, requires=("bm25s",),
                         tool_call=lambda action: action.startswith("<search>"),
-                        packages="the bm25s package"))
+                        packages="the bm25s package", lacks=lacks))

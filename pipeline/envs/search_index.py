@@ -9,9 +9,9 @@ word characters (bm25s's `(?u)\\b\\w\\w+\\b`), no stemming, bm25s's 33 English s
 "and", "the", "of", "in", "was", ...). A query's terms that no passage holds are ignored. The top k passages with
 a positive score are returned, ties in corpus order.
 
-The index is cached on disk under the run's environment folder by the corpus's SHA-256, written atomically, and
-kept in memory per process: every stage and episode of a run reads the same index, built by the first that needs
-it.
+The index is cached on disk in the user's cache (`pipeline.envs.base.user_cache`, `search-index/<sha256>/`) by
+the corpus's SHA-256, written atomically, and kept in memory per process: every stage and episode of every run on
+that corpus reads the same index, built by the first that needs it.
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ decomposition one component a turn, then the gold query as the answer; on the la
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
 import math
 import re
 import sqlite3
@@ -44,12 +46,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register
+from pipeline.envs.base import (
+    EnvSpec,
+    Observation,
+    StepResult,
+    data_error,
+    data_root,
+    first_file,
+    register,
+    user_cache,
+)
 from pipeline.envs.sql_world import OUT
 
 _SQL = re.compile(r"<sql>(.*?)</sql>", re.DOTALL | re.IGNORECASE)
@@ -89,6 +100,11 @@ class SqlConfig(EnvSection):
         load_dataset(_root(v))     # missing files, malformed records and absent databases refused when params load
         return v
 
+    @model_validator(mode="after")
+    def _gold_runs(self):
+        check_gold_queries(_root(self.data_path), self.sql.timeout_s, self.sql.max_rows)
+        return self
+
 
 def _root(data_path: str | None) -> str:
     return str(data_root(data_path, OUT))
@@ -118,6 +134,7 @@ class Dataset:
     train: tuple[Task, ...]
     test: tuple[Task, ...]
     source: str
+    files: tuple[Path, Path] = ()      # the train and test question files
 
 
 def _json_list(path: Path) -> list:
@@ -182,13 +199,65 @@ def load_dataset(root: str) -> Dataset:
             for sub in sorted((folder / d).iterdir()):
                 if (sub / f"{sub.name}.sqlite").is_file():
                     databases.setdefault(sub.name, sub / f"{sub.name}.sqlite")
-    splits = []
+    splits, files = [], []
     for names in (TRAIN_FILES, TEST_FILES):
         path = first_file(folder, names)
         if path is None:
             raise data_error(folder, f"no {' or '.join(names)}: the questions (question, query or SQL, db_id)")
         splits.append(_tasks(path, known, databases))
-    return Dataset(dict(sorted(databases.items())), splits[0], splits[1], str(folder))
+        files.append(path)
+    return Dataset(dict(sorted(databases.items())), splits[0], splits[1], str(folder), tuple(files))
+
+
+GOLD_CHECK_VERSION = 1
+
+
+def _gold_key(data: Dataset, timeout_s: float, max_rows: int) -> str:
+    """The SHA-256 of what decides whether the gold queries run: the question files' bytes, each database file's
+    path, size and modification time (a database is not read whole: BIRD's are gigabytes), the limits."""
+    h = hashlib.sha256(f"v{GOLD_CHECK_VERSION} {timeout_s!r} {max_rows}".encode())
+    for f in data.files:
+        h.update(str(f.resolve()).encode() + b"\0" + f.read_bytes())
+    for db, path in data.databases.items():
+        st = path.stat()
+        h.update(f"{db}\0{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=8)
+def check_gold_queries(root: str, timeout_s: float, max_rows: int) -> None:
+    """Every gold query of the dataset runs on its database under the environment's guards and limits, or a
+    `ValueError` names the file, the record and SQLite's message: a question whose gold query fails scores 0 for
+    every answer. Executed once per version of the files (`_gold_key`), the outcome kept in the user's cache."""
+    data = load_dataset(root)
+    key = _gold_key(data, timeout_s, max_rows)
+    mark = user_cache("sql-gold", f"{key}.json")
+    if mark.is_file():
+        broken = json.loads(mark.read_text(encoding="utf-8"))
+    else:
+        broken = []
+        settings = SqlSettings(timeout_s=timeout_s, max_rows=max_rows)
+        dbs: dict[str, Database] = {}
+        try:
+            for path, tasks in zip(data.files, (data.train, data.test), strict=True):
+                for k, t in enumerate(tasks):
+                    if t.db_id not in dbs:
+                        dbs[t.db_id] = Database(data.databases[t.db_id], settings)
+                    error = dbs[t.db_id].run(t.query).error
+                    if error is not None:
+                        broken.append([str(path), k, t.db_id, error])
+        finally:
+            for db in dbs.values():
+                db.close()
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        tmp = mark.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(broken), encoding="utf-8")
+        os.replace(tmp, mark)
+    if broken:
+        path, k, db, error = broken[0]
+        more = f" ({len(broken) - 1} more records fail too)" if len(broken) > 1 else ""
+        raise data_error(Path(path), f"record {k}: the gold query does not run on database {db!r}: {error}; every "
+                         f"answer to it would score 0: fix or remove the record{more}")
 
 
 # -- executing queries safely -------------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def test_tiny_webshop_configuration_end_to_end(tmp_path):
 
 
 @pytest.mark.e2e
-def test_tiny_search_configuration_runs_every_stage(tmp_path):
+def test_tiny_search_configuration_runs_every_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))     # the stages inherit it
     params = run_env_config(tmp_path, "search.yaml", every_stage=True, credit={"method": "gigpo"},
                             policy={"max_new_tokens": 16})
     run = tmp_path / params["run"]["dir"]
@@ -63,4 +64,5 @@ def test_tiny_search_configuration_runs_every_stage(tmp_path):
     assert held_out.height == 8 and held_out["optimal_moves"].min() >= 2           # a search, then the answer
     assert (run / "iter_1/checkpoint").is_dir() and (run / "iter_1/eval_metrics.json").is_file()
     assert (run / "report/report.html").is_file() or any((run / "report").iterdir())
-    assert len(list((tmp_path / "results/envs/search-index").iterdir())) == 1      # one index for every stage
+    assert len(list((tmp_path / "cache/search-index").iterdir())) == 1     # one index for every stage, in the cache
+    assert not (tmp_path / "results/envs/search-index").exists()          # none under the working directory

@@ -24,6 +24,7 @@ from pipeline.envs.sql import (
     Result,
     SqlConfig,
     SqlSettings,
+    check_gold_queries,
     load_dataset,
     parse_response,
     render,
@@ -249,6 +250,37 @@ def test_broken_folders_are_refused_when_the_params_load(tmp_path, breakage, fra
     with pytest.raises(ParamsError) as e:
         load_params(p)
     assert fragment in str(e.value) and "env.data_path" in str(e.value) and "Traceback" not in str(e.value)
+
+
+@pytest.mark.parametrize("gold, message", [
+    ("SELECT Name FROM singr", "no such table: singr"),
+    ("SELECT Name FROM singer WHERE", 'incomplete input'),
+    ("SELECT Nme FROM singer", "no such column: Nme"),
+])
+def test_a_gold_query_that_does_not_run_is_refused_when_the_params_load(tmp_path, monkeypatch, gold, message):
+    """Every answer to such a question would score 0: the params check names the file, the record, the database
+    and SQLite's message, in one line; the outcome is kept in the user's cache by the files' hashes."""
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    d = spider_folder(tmp_path / "data")
+    dev = json.loads((d / "dev.json").read_text())
+    (d / "dev.json").write_text(json.dumps(dev + [{**dev[0], "query": gold}]))
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump({"env": {"name": "sql", "data_path": str(d)}}))
+    load_dataset.cache_clear()
+    check_gold_queries.cache_clear()
+    with pytest.raises(ParamsError) as e:
+        load_params(p)
+    text = str(e.value)
+    assert f"dev.json: record 1: the gold query does not run on database 'concert_singer': {message}" in text
+    line = next(k for k in text.splitlines() if "gold query" in k)      # one line of the params error
+    assert "env.data_path: " in line and "Traceback" not in text
+    assert len(list((tmp_path / "cache/sql-gold").glob("*.json"))) == 1
+    # fixed: the files' hash changes, the queries run again, and the folder loads
+    (d / "dev.json").write_text(json.dumps(dev))
+    load_dataset.cache_clear()
+    check_gold_queries.cache_clear()
+    assert load_params(p).env.data_path == str(d)
+    assert len(list((tmp_path / "cache/sql-gold").glob("*.json"))) == 2
 
 
 # -- the AST oracle -----------------------------------------------------------------------------------------------
