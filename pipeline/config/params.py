@@ -151,12 +151,14 @@ class VllmSettings(Section):
 
 class BranchingSettings(Section):
     """`rollout.branching`: ARPO's adaptive rollout (docs/credit-assignment.md, Branching rollouts). Of a task's
-    `rollout.group_size` (M) episodes, `initial` start as whole trajectories; after every turn each live path may
-    hand `beam - 1` copies of its state to new episodes that share its turns so far and sample on from there."""
+    `rollout.group_size` (M) episodes, `initial` start as whole trajectories; in a state reached by a valid tool
+    call each live path may hand `beam - 1` copies of that state to new episodes that share its turns so far and
+    resample the turn it takes there."""
     mode: Literal["none", "entropy", "uniform"] = Field(
-        "none", description="none: M independent episodes per task; entropy: a path branches after a turn with "
-        "probability rising with the turn's entropy above its first turn's (ARPO); uniform: the same budget, each "
-        "path branching once after a turn drawn uniformly, whatever the entropy (the control)")
+        "none", description="none: M independent episodes per task; entropy: a path branches in a state reached by a "
+        "valid tool call with probability rising with the entropy of the response it samples there above its "
+        "first turn's (ARPO); uniform: the same budget, each path branching once, at the first branch point from a "
+        "turn drawn uniformly, whatever the entropy (the control)")
     initial: int | None = Field(None, ge=1, description="global trajectories started per task (N); null: half "
                                 "of rollout.group_size (ARPO: 8 of 16)")
     beam: int = Field(2, ge=2, le=64, description="a branching path and its copies: beam - 1 copies at most per "
@@ -165,7 +167,8 @@ class BranchingSettings(Section):
                              "1) <= tau, U uniform in [0, 1)")
     entropy_weight: float = Field(0.2, ge=0.0, description="beta, the weight of dH = H(turn) - H(the path's first "
                                   "turn)")
-    entropy_tokens: int = Field(20, ge=1, le=4096, description="H of a turn: its first this many response tokens")
+    entropy_tokens: int = Field(20, ge=1, le=4096, description="H of a turn: the mean over its first this many "
+                                "response tokens (fewer where the response is shorter)")
     top_logprobs: int = Field(10, ge=1, le=20, description="H sums -p log p over each position's top this many "
                               "candidates, divided by log |V| (ARPO's normalisation)")
 
@@ -529,10 +532,11 @@ def missing_capabilities(params: Params, spec) -> list[tuple[str, str]]:
     w = params.warmstart
     needs = []
     if w.steps_for(params.policy) > 0 and w.episodes > 0 and w.random_action_share < 1:
-        needs.append(("warmstart", "expert_actions", f"the warm start ({w.steps_for(params.policy)} steps, "
-                      f"random_action_share {w.random_action_share} < 1) labels its demonstrations with the "
-                      "environment's expert", "set warmstart.steps: 0 (a pretrained policy.path needs none) or "
-                      "warmstart.random_action_share: 1 (random demonstrations only)"))
+        what = (f"the warm start ({w.steps_for(params.policy)} steps, random_action_share {w.random_action_share} "
+                "< 1) labels its demonstrations with the environment's expert")
+        fix = ("set warmstart.steps: 0 (a pretrained policy.path needs none) or warmstart.random_action_share: 1 "
+               "(random demonstrations only)")
+        needs.append(("warmstart", "expert_actions", what, fix))
     if params.prompt.demonstrations > 0:
         needs.append(("prompt.demonstrations", "expert_actions", "retrieved demonstrations are expert episodes",
                       "set prompt.demonstrations: 0"))

@@ -50,16 +50,7 @@ from pydantic import Field, field_validator
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import (
-    EnvSpec,
-    Observation,
-    StepResult,
-    data_error,
-    data_root,
-    first_file,
-    register,
-    user_cache,
-)
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
 from pipeline.envs.search_index import Retriever
 from pipeline.envs.search_oracle import SearchOracle
 from pipeline.envs.search_world import OUT

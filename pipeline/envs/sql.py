@@ -35,8 +35,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import math
+import os
 import re
 import sqlite3
 import time
@@ -51,16 +51,7 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
-from pipeline.envs.base import (
-    EnvSpec,
-    Observation,
-    StepResult,
-    data_error,
-    data_root,
-    first_file,
-    register,
-    user_cache,
-)
+from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
 from pipeline.envs.sql_world import OUT
 
 _SQL = re.compile(r"<sql>(.*?)</sql>", re.DOTALL | re.IGNORECASE)

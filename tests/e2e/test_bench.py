@@ -382,6 +382,10 @@ def test_branching_smoke(tmp_path):
     params = yaml.safe_load((branching.ROOT / "tests" / "tiny_params.yaml").read_text())
     params["loop"] = {"iterations": 1}
     params["tracking"] = {"enabled": False}
+    # a policy that moves (branch points follow valid turns that change the state): vLLM's test model, warm-started
+    params["policy"]["tiny"].update(hidden_size=64, intermediate_size=128, num_attention_heads=2)
+    params["warmstart"].update(episodes=60, steps=120)
+    params["rollout"]["temperature"] = 0.8
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     work, out = tmp_path / "work", tmp_path / "out"
     arms = {"none": ["rollout.branching.mode=none"],

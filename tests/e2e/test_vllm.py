@@ -36,6 +36,7 @@ def vllm_run(tmp_path_factory):
     params["policy"]["max_new_tokens"] = 8
     params["rollout"].update(engine="vllm", temperature=0.8, tasks_per_iteration=4, group_size=4,
                              branching={"mode": "entropy", "threshold": 0.7})   # ARPO's rollout, on vLLM's top-k
+    params["warmstart"].update(episodes=60, steps=120)   # a policy that moves: branch points follow state changes
     params["tracking"] = {"enabled": False}
     (d / "params.yaml").write_text(yaml.safe_dump(params))
     stage_cli(d, "init")
