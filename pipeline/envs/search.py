@@ -513,16 +513,29 @@ def name_words(cfg: SearchConfig) -> list[str]:
 
 
 def lacks(cfg: SearchConfig, capability: str) -> str | None:
-    """Why the environment of `cfg` has no expert or oracle: questions without a plan (a user's Search-R1 files)."""
+    """Why the environment of `cfg` has no expert or oracle: Search-R1 questions without a plan (a user's files).
+    Reads the question files only, not the corpus (HotpotQA's questions always have their supporting titles)."""
     if capability not in ("expert_actions", "oracle_distance"):
         return None
-    c = load_corpus(_root(cfg.data_path))
-    unplanned = [q for q in c.train + c.test if q.plan is None]
-    if not unplanned:
+    return _unplanned(_root(cfg.data_path))
+
+
+@lru_cache(maxsize=4)
+def _unplanned(root: str) -> str | None:
+    folder = Path(root)
+    if data_format(folder) != "search_r1":
         return None
-    return (f"{len(unplanned)} of {len(c.train) + len(c.test)} questions in {c.source} carry no plan (the passages "
-            f"each needs, a 'plan' of {{id, name}}; first: {unplanned[0].text[:80]!r}), so env search has no expert "
-            "and no oracle")
+    total, missing, first = 0, 0, None
+    for split in ("train", "test"):
+        for _, r in _question_records(_question_file(folder, split)):
+            total += 1
+            if r.get("plan") is None:
+                missing += 1
+                first = first or str(r["question"])
+    if not missing:
+        return None
+    return (f"{missing} of {total} questions in {folder} carry no plan (the passages each needs, a 'plan' of "
+            f"{{id, name}}; first: {first[:80]!r}), so env search has no expert and no oracle")
 
 
 SPEC = register(EnvSpec("search", SearchConfig, make, words=name_words, requires=("bm25s",),
