@@ -30,8 +30,8 @@ def main(argv=None) -> None:
         tables.write_table(pairs, ctx.path(paths.PAIRS), tables.PAIRS)
         stats = pair_stats(pairs, table.height, undefined)
         tracker.log_metrics({f"pairs/{k}": v for k, v in stats.items()}, step=ctx.iteration, parent=True)
-        ctx.log(f"wrote {ctx.path(paths.PAIRS)} ({p.credit.method}'s step values, margin {cfg.margin}, form {cfg.margin_form}): "
-                + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()))
+        ctx.log(f"wrote {ctx.path(paths.PAIRS)} ({p.credit.method}'s step values, margin {cfg.margin}, form "
+                f"{cfg.margin_form}): " + ", ".join(f"{k} {v:.3f}" for k, v in stats.items()))
 
 
 if __name__ == "__main__":

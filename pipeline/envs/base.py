@@ -123,6 +123,8 @@ def user_cache(*parts: str) -> Path:
     root = os.environ.get("CREDITRL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "creditrl")
     return Path(root).expanduser().joinpath(*parts)
+
+
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
@@ -132,7 +134,8 @@ def register(spec: EnvSpec) -> EnvSpec:
 
 
 _DISCOVERED = False
-_SUPPORT = {"base", "actions", "sql_ast", "search_oracle"}   # modules not imported to find environments (sql_ast: sqlglot, slow)
+# modules not imported to find environments (sql_ast: sqlglot, slow; search_oracle: the search environment's part)
+_SUPPORT = {"base", "actions", "sql_ast", "search_oracle"}
 
 
 def registered() -> dict[str, EnvSpec]:

@@ -26,10 +26,10 @@ Kept are the questions whose plan can be followed with BM25 at k = 3 (`pipeline.
 for each name returns its passage, and no other passage of the plan, so the plan's names retrieve the plan in as
 many searches as it has hops. That is an upper bound of the oracle's distance, which is exact over the queries an
 agent can write from what it has read (`pipeline.envs.search_oracle`): a comparison's own question retrieves both
-of its passages, so it takes one search, not two. Held out (`test.jsonl`): every question about the last fifth of the films, people, rivers, companies and
-universities as a chain's first entity or a comparison's first, so held-out chains start from entities that no
-training question starts from. Both files are shuffled, so the first N held-out questions (what `evaluate.tasks`
-plays) mix every type and length.
+of its passages, so it takes one search, not two. Held out (`test.jsonl`): every question about the last fifth of
+the films, people, rivers, companies and universities as a chain's first entity or a comparison's first, so
+held-out chains start from entities that no training question starts from. Both files are shuffled, so the first
+N held-out questions (what `evaluate.tasks` plays) mix every type and length.
 """
 
 from __future__ import annotations

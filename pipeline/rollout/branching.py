@@ -15,8 +15,9 @@ task ends with exactly M episodes.
 A branch started in its parent's state s(t) holds the parent's turns 0..t-1 as copies (`shared`) and samples its
 own turns from `branch_turn` = t on (turn t afresh, in the state where the parent sampled its turn t). The
 environment of a branch is restored by the environment's `snapshot()`/`restore()` where it has them, else by
-replaying the parent's responses from `reset(task)`, every replayed observation checked against the recorded one (`ReplayError` on a difference: the
-environment is not deterministic for a task seed, and branching cannot restore its states).
+replaying the parent's responses from `reset(task)`, every replayed observation checked against the recorded one
+(`ReplayError` on a difference: the environment is not deterministic for a task seed, and branching cannot restore
+its states).
 """
 
 from __future__ import annotations
