@@ -208,18 +208,26 @@ def _answers(path: Path, where: str, value) -> tuple[str, ...]:
     return answers
 
 
-def _question_records(path: Path) -> list[tuple[str, dict]]:
+def _question_records(path: Path) -> tuple[tuple[str, dict], ...]:
+    """(where, record) of every question of a Search-R1 file, each checked for its fields. Read once per version of
+    the file in a process: the params check, the plan check and the corpus load share it."""
+    st = path.stat()
+    return _read_question_records(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _read_question_records(path: Path, size: int, mtime_ns: int) -> tuple[tuple[str, dict], ...]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         _parquet_columns(path)
-        return [(f"row {k}", r) for k, r in enumerate(pq.read_table(path).to_pylist())]
+        return tuple((f"row {k}", r) for k, r in enumerate(pq.read_table(path).to_pylist()))
     out = []
     with path.open(encoding="utf-8") as f:
         for k, line in enumerate(f, 1):
             if line.strip():
                 out.append((f"line {k}", _check_record(path, line, ("question", "golden_answers"), k)))
-    return out
+    return tuple(out)
 
 
 def _search_r1(folder: Path) -> Corpus:
