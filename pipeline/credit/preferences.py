@@ -87,17 +87,24 @@ def margin_of(form: str, r_w: float, r_l: float, cfg) -> float | None:
     return cfg.margin_scale * (r_w - r_l)
 
 
+def _branched(rows: pl.DataFrame) -> bool:
+    """Whether `rows` hold copies of shared turns (a branching rollout's tree)."""
+    return "shared" in rows.columns and bool(rows["shared"].any())
+
+
 def _with_origin(rows: pl.DataFrame) -> pl.DataFrame:
     """`rows` with `origin`, the episode that sampled the turn (itself but for a branch's copied turns)."""
-    if "shared" not in rows.columns or not rows["shared"].any():
+    if not _branched(rows):
         return rows.with_columns(pl.col("episode_id").alias("origin"))
     return rows.join(origin_keys(rows).rename({"origin_episode": "origin"}), on=["episode_id", "step"])
 
 
 def _as_turns(rows: pl.DataFrame, attribution: str) -> pl.DataFrame:
-    """Under hard attribution on a branching tree, each sampled turn once (the sampled row where it is there) with
-    the mean value of its copies; else `rows` as they are."""
-    if attribution == "soft" or "shared" not in rows.columns or not rows["shared"].any():
+    """Under hard attribution on a branching tree, each sampled turn once (the sampled row where it is there, else
+    its first copy: a turn whose own episode crashed still pairs through its copies) with the mean value of its
+    copies; else `rows` as they are. (`pipeline.rollout.branching.attribute` does the same for the update's
+    advantages, keeping the sampled rows only.)"""
+    if attribution == "soft" or not _branched(rows):
         return rows
     mean = rows.group_by("origin", "step").agg(pl.col("value").mean().alias("_mean"))
     one = rows.sort("shared", "episode_id").unique(["origin", "step"], keep="first", maintain_order=True)
