@@ -528,7 +528,6 @@ def lacks(cfg: SearchConfig, capability: str) -> str | None:
     return _unplanned(_root(cfg.data_path))
 
 
-@lru_cache(maxsize=4)
 def _unplanned(root: str) -> str | None:
     folder = Path(root)
     if data_format(folder) != "search_r1":
