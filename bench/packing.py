@@ -36,6 +36,7 @@ from pipeline.config.params import load_params
 from pipeline.data.batches import minibatches
 from pipeline.data.tables import STEPS, atomic_file, read_table
 from pipeline.model.packing import micro_batches, packed_tokens, padded_tokens
+from pipeline.model.precision import resolve_params
 from pipeline.workflow.runs import run_folder
 
 
@@ -161,7 +162,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fits", nargs="*", default=[], metavar="METHOD", help="learned methods whose fit to time")
     ap.add_argument("--fit-groups", type=int, default=4, help="task groups of the first iteration the fits see")
     args = ap.parse_args(argv)
-    params = load_params(args.params, args.set)
+    params, _ = resolve_params(load_params(args.params, args.set))     # policy.dtype auto: as the run computed
     run = args.run or run_folder(params, args.params)
     u = params.update
     micro = u.micro_batch_size or u.minibatch_size

@@ -64,10 +64,12 @@ def measure(params_path: Path, sets: list[str], steps: int, count_steps: int = 0
 
     from pipeline.data.seeds import stage_seed
     from pipeline.model.gguf_import import load_pretrained, load_tokenizer
+    from pipeline.model.precision import resolve_params
     from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
 
     p = load_params(params_path)
     p = with_overrides(p, [f"warmstart.{s}" for s in sets])
+    p, _ = resolve_params(p, fresh=True)        # policy.dtype auto: as init would on this machine
     w = p.warmstart
     if p.policy.path is None:
         raise SystemExit(f"{params_path}: policy.path is null; this benchmark loads a model from a path")

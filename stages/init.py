@@ -5,7 +5,8 @@ random weights; with a local Hugging Face model folder, its weights and tokenize
 dequantized (`pipeline.model.gguf_import`). Nothing is downloaded. Then the warm start (`warmstart`: supervised
 fine-tuning on expert demonstrations through the model's chat template, full or LoRA merged back), and iteration
 0's checkpoint is saved as a plain model folder. Checkpoints hold fp32 master weights whatever `policy.dtype` is
-(`pipeline.model.precision`).
+(`pipeline.model.precision`); beside iteration 0's, the dtype the run computes in (`policy.dtype: auto` resolved
+on this machine) and why.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pipeline.data.tables import atomic_dir
 from pipeline.envs.base import spec_of
 from pipeline.model.gguf_import import is_gguf, load_pretrained
 from pipeline.model.policy import build_tiny_model, resolve_device, train_tokenizer, with_lora
-from pipeline.model.precision import mark
+from pipeline.model.precision import mark, write_record
 from pipeline.rollout.warmstart import demonstrations, supervised_warmstart, tokenizer_corpus
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
@@ -40,6 +41,7 @@ def main(argv=None) -> None:
         with atomic_dir(out) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            write_record(tmp, ctx.requested_dtype or p.policy.dtype, p.policy.dtype, ctx.dtype_why or "")
         tracker.log_metrics(metrics)
         ctx.log(f"wrote {out}")
 

@@ -5,8 +5,8 @@
 Its phases, as a torchtune recipe's: setup (the turns and their advantages, the trainable policy, AdamW resumed
 from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
 temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; or,
-with `update.old_logprobs: engine`, the engine's own; the KL reference's where `update.kl_coef` > 0), train
-(`pipeline.model.ppo`), save (checkpoint, optimiser state, metrics). One step off-policy (`loop.off_policy_lag: 1`)
+with `update.old_logprobs: engine` (or `auto` in fp32), the engine's own; the KL reference's where
+`update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state, metrics). One step off-policy (`loop.off_policy_lag: 1`)
 the turns of i were sampled by the checkpoint of i-2:
 `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the behaviour
 policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the decoupled loss.
@@ -190,7 +190,11 @@ def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes):
 def engine_logprobs(ctx, turns: Turns) -> list | None:
     """With `update.old_logprobs: engine`, the rollout engine's log-probs of the sampled tokens (at the sampling
     temperature), which then stand in for the sampling checkpoint's; else None."""
-    if ctx.params.update.old_logprobs != "engine":
+    choice = ctx.params.update.old_logprobs
+    if choice == "auto":
+        choice = "engine" if ctx.params.policy.dtype == "float32" else "recompute"
+        ctx.log(f"update.old_logprobs auto: {choice} (the run computes in {ctx.params.policy.dtype})")
+    if choice != "engine":
         return None
     ctx.log(f"the rollout engine's log-probs stand in for the sampling checkpoint's ({len(turns.prompts)} turns, "
             "update.old_logprobs: engine)")

@@ -82,7 +82,11 @@ class PolicyConfig(Section):
                              "dequantizes into a plain folder (scripts/install-models); null builds the tiny default")
     tiny: TinyModelConfig = TinyModelConfig()
     max_new_tokens: int = Field(12, ge=1, le=4096, description="response length cap in tokens")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="the dtype the policy computes in (master weights and optimiser state stay fp32): "
+        "auto is bfloat16 where the device computes bf16 natively (a CPU with avx512_bf16 or amx_bf16, a CUDA GPU of "
+        "compute capability 8.0 on), else float32; the init stage decides it for the whole run and records it beside "
+        "iteration 0's checkpoint (docs/models.md, Precision)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of the whole policy (null: "
                                       "full fine-tuning)")
 
@@ -288,12 +292,12 @@ class UpdateConfig(MicroBatching):
     entropy_coef: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    old_logprobs: Literal["recompute", "engine"] = Field(
+    old_logprobs: Literal["auto", "recompute", "engine"] = Field(
         "recompute", description="recompute: the log-probs of the checkpoint that sampled the turns are recomputed "
         "by the trainer (log pi_old, or one step off-policy the behaviour policy's), as verl does; engine: the "
         "rollout engine's own log-probs of the sampled tokens stand in for them, one forward pass over the turns "
-        "fewer. Sound where the engine computes what the trainer does (fp32 on a CPU: the update's "
-        "logprob_mismatch, reported under recompute, was at most 5e-5 for vLLM; not bf16 vLLM on a GPU)")
+        "fewer, sound only where the engine computes what the trainer does (fp32; docs/models.md, Precision); auto: "
+        "engine where the run computes in float32, recompute otherwise")
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 

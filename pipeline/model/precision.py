@@ -6,17 +6,102 @@ multiplications to bf16 or fp16. The optimiser updates the fp32 weights, so an u
 (lr 1e-6 on weights of size 1e-2) still accumulates instead of rounding away, and checkpoints keep the fp32
 weights: rollout and evaluate load them cast to `policy.dtype`. fp16 also scales the loss (`GradScaler`) so that
 small gradients do not flush to zero; a step whose scaled gradients overflow is skipped, as torch.amp does.
+
+`policy.dtype: auto` is bf16 where the device computes it natively (`native_bf16`: a CUDA GPU of compute
+capability 8.0 or later; a CPU with the `avx512_bf16` or `amx_bf16` instructions), fp32 elsewhere. The run decides
+once: the init stage resolves it on its machine and records the outcome beside iteration 0's checkpoint
+(`RECORD`); every later stage of the run computes in the recorded dtype (`resolved`), whichever machine it runs on,
+so that one run never mixes precisions (docs/models.md, Precision).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+from pathlib import Path
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTR = "creditrl_compute_dtype"
+RECORD = "precision.json"           # in iteration 0's checkpoint folder: the dtype the run computes in, and why
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")     # /proc/cpuinfo flags of CPUs with bf16 arithmetic
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags as Linux lists them (the first processor's `flags` line); empty where unreadable."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def native_bf16(device: torch.device, flags: set[str] | None = None) -> tuple[bool, str]:
+    """Whether `device` computes bf16 natively, and the evidence in words. A CPU does where it has one of
+    `CPU_BF16_FLAGS` (`flags`: the CPU's, read from /proc/cpuinfo when None); a CUDA GPU from compute capability 8.0
+    (Ampere) on; anything else is taken not to."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        return major >= 8, f"{name}, compute capability {major}.{minor}"
+    if device.type == "cpu":
+        flags = cpu_flags() if flags is None else flags
+        have = [f for f in CPU_BF16_FLAGS if f in flags]
+        return bool(have), ("CPU flags " + ", ".join(have) if have
+                            else "CPU without " + " or ".join(CPU_BF16_FLAGS))
+    return False, f"{device.type} device"
+
+
+def resolve(name: str, device: torch.device, flags: set[str] | None = None) -> tuple[str, str]:
+    """`policy.dtype` `name` on `device` as a dtype name, and why: `auto` by `native_bf16`, any other as it is."""
+    if name != "auto":
+        return name, f"policy.dtype {name}"
+    native, why = native_bf16(device, flags)
+    return ("bfloat16" if native else "float32"), f"policy.dtype auto: {why}"
+
+
+def resolve_params(params, fresh: bool = False):
+    """`params` with `policy.dtype` concrete, and why: `auto` as the run's record beside iteration 0's checkpoint says
+    (`fresh`: resolved here, as the init stage does, which writes that record), else as this machine resolves it."""
+    from pipeline.data.paths import INITIAL_CHECKPOINT, at, strip_dir
+    from pipeline.model.policy import resolve_device
+
+    if params.policy.dtype != "auto":
+        return params, f"policy.dtype {params.policy.dtype}"
+    folder = Path(strip_dir(at(params, INITIAL_CHECKPOINT)))
+    record = None if fresh else read_record(folder)
+    if record is not None:
+        dtype, why = record["dtype"], f"policy.dtype auto, as the run's initial policy ({record['why']})"
+    else:
+        dtype, why = resolve("auto", resolve_device(params.runtime.device))
+        if not fresh:
+            why += f" (no {RECORD} in {folder}: resolved on this machine)"
+    return params.model_copy(update={"policy": params.policy.model_copy(update={"dtype": dtype})}), why
+
+
+def write_record(folder: Path, requested: str, dtype: str, why: str) -> None:
+    """Record in `folder` (iteration 0's checkpoint, being written) the dtype the run computes in."""
+    (Path(folder) / RECORD).write_text(json.dumps({"requested": requested, "dtype": dtype, "why": why}) + "\n")
+
+
+def read_record(folder: Path) -> dict | None:
+    """The record `write_record` left in `folder`; None where there is none (a checkpoint made without one)."""
+    path = Path(folder) / RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    if record.get("dtype") not in DTYPES:
+        raise ValueError(f"{path}: dtype {record.get('dtype')!r} is none of {', '.join(DTYPES)}")
+    return record
 
 
 def mark(model, dtype: str):

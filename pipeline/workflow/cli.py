@@ -26,6 +26,8 @@ class StageContext:
     stage: str
     started: float
     args: argparse.Namespace | None = None   # the stage's own options (`options` of parse_args)
+    requested_dtype: str | None = None       # `policy.dtype` as the params file says it (`auto` is resolved in params)
+    dtype_why: str | None = None             # why the run computes in `params.policy.dtype`
 
     def log(self, msg: str) -> None:
         elapsed = time.perf_counter() - self.started
@@ -68,9 +70,24 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
         sys.exit(2)
     n = threads.resolve(params.runtime.torch_threads)
     threads.apply(n)                                          # stages/__init__.py exported it before any import
-    ctx = StageContext(params, args.params, it, stage, started, args)
+    requested, why = params.policy.dtype, f"policy.dtype {params.policy.dtype}"
+    if requested == "auto" and _loads_model(stage):       # the others neither compute with a model nor import torch
+        from pipeline.model.precision import resolve_params
+        try:
+            params, why = resolve_params(params, fresh=stage == "init")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    ctx = StageContext(params, args.params, it, stage, started, args, requested, why)
     ctx.log(f"{n} threads (runtime.torch_threads {params.runtime.torch_threads})")
+    if requested == "auto" and params.policy.dtype != "auto":
+        ctx.log(f"computing in {params.policy.dtype} ({why})")
     return ctx
+
+
+def _loads_model(stage: str) -> bool:
+    from pipeline.workflow.registry import STAGE_BY_NAME
+    return STAGE_BY_NAME[stage].loads_model
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from pipeline.config.params import Params, load_params
-from pipeline.data.paths import ITER_DIR, at, fill, strip_dir
+from pipeline.data.paths import INITIAL_CHECKPOINT, ITER_DIR, at, fill, strip_dir
 from pipeline.workflow.records import SNAKEMAKE_STAMP
 from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
@@ -88,6 +88,29 @@ def _link(src: Path, dst: Path) -> int:
     return 1
 
 
+def _same_precision(params: Params, base: Params, root: Path) -> None:
+    """With `policy.dtype: auto` in both, the base's initial policy must have been computed in the dtype `auto` is
+    on this machine (the init stage's record, `pipeline.model.precision`): a run never continues another's in
+    another precision. A base without a record, or a device this machine cannot see, is not checked."""
+    if params.policy.dtype != "auto" or base.policy.dtype != "auto":
+        return          # explicit dtypes: a difference is a difference of params, and nothing is reused
+    from pipeline.model.precision import RECORD, read_record, resolve_params
+
+    folder = root / strip_dir(at(base, INITIAL_CHECKPOINT))
+    record = read_record(folder)
+    if record is None:
+        return
+    try:
+        here, why = resolve_params(params, fresh=True)
+    except ValueError:          # runtime.device names a GPU this machine (the planning one) does not have
+        return
+    if here.policy.dtype != record["dtype"]:
+        raise ValueError(
+            f"run.base.params {params.run.base.params}: its initial policy computes in {record['dtype']} "
+            f"({record['why']}; {folder / RECORD}), but policy.dtype auto is {here.policy.dtype} here ({why}); "
+            f"run this one on a machine where auto is {record['dtype']}, or drop run.base")
+
+
 def share_base(params: Params, log=print) -> list[str]:
     """Link the reusable outputs of `run.base` into `run.dir`; returns the jobs reused ("rollout@1", ...)."""
     if params.run.base is None:
@@ -97,6 +120,7 @@ def share_base(params: Params, log=print) -> list[str]:
     if (root / base.run.dir).resolve() == Path(params.run.dir).resolve():
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")
+    _same_precision(params, base, root)
     base_outs = {(s.name, it) for s, it in ordered_jobs(base, params.run.base.through)}
     names, missing, files = [], [], 0
     made: set[str] = set()      # this run's paths the reused jobs provide
