@@ -157,7 +157,7 @@ def main(argv=None) -> None:
                     help="the packed micro-batches' token budget; several: each is counted and timed")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--attention", nargs="+", default=["paths"], choices=["paths", "mask"],
+    ap.add_argument("--attention", nargs="+", default=["paths"], choices=["paths", "segments", "mask"],
                     help="the packed passes' attention (pipeline.model.packing.ATTENTION): each is timed")
     ap.add_argument("--fits", nargs="*", default=[], metavar="METHOD", help="learned methods whose fit to time")
     ap.add_argument("--fit-groups", type=int, default=4, help="task groups of the first iteration the fits see")

@@ -17,8 +17,10 @@ Attention, two ways (`ATTENTION`):
 - `paths` (where the model's attention is Hugging Face's SDPA or eager one without logit soft-capping): each
   token's query attends along its own root-to-node path only. In the order the tree is built, the nodes a sequence
   adds are a suffix of it; those queries attend to the sequence's path, gathered once (causal: a query sees the
-  keys at its depth or above), one SDPA call per sequence. Scores cost the sum over sequences of (new nodes) x
-  (path length) instead of T x T, the gathered keys and values are those of the sequences' paths (no wider, and
+  keys at its depth or above). Sequences of similar shape share one SDPA call, padded to at most `PAD_SLACK` times
+  their own cells (`_batches`): a micro-batch of 16 turns makes a few calls per layer instead of 16 (`segments`:
+  one call per sequence, kept for `bench.packing` to time). Scores cost about the sum over sequences of (new nodes)
+  x (path length) instead of T x T, the gathered keys and values are those of the sequences' paths (no wider, and
   grouped-query heads are not repeated), and no T x T mask is built: `_PathLayout`, `_path_attention`.
 - `mask`: one T x T boolean mask (a token sees its ancestors; 4 MiB at T = 2,048, 16 MiB where SDPA widens it to
   fp32) over the whole row, which SDPA's CPU kernel computes densely, masked or not. Any model that takes a 4-D
@@ -43,7 +45,7 @@ from pipeline.model.precision import autocast
 __all__ = ["ATTENTION", "Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens",
            "passes", "response_logprobs", "tree_forward"]
 
-ATTENTION = {"mode": "paths"}   # "paths" or "mask" (module docstring); bench.packing times both
+ATTENTION = {"mode": "paths"}   # "paths", "segments" or "mask" (module docstring); bench.packing times each
 _IMPL = "creditrl_tree_paths"   # the name of the path attention in transformers' AttentionInterface
 
 
@@ -196,24 +198,93 @@ class _Segment:
     keys: torch.Tensor
     mask: torch.Tensor | None
 
-    def to(self, device) -> "_Segment":
+    def to(self, device) -> _Segment:
         return _Segment(self.start, self.stop, self.keys.to(device),
                         None if self.mask is None else self.mask.to(device))
 
 
 @dataclass(frozen=True)
+class _Batch:
+    """Segments that go through one SDPA call, padded: `queries` [B, Q] and `keys` [B, K] the node of each query and
+    key (padding reads node 0), `mask` [B, 1, Q, K] (a real query sees its path's keys at its depth or above; a
+    padding query sees key 0, so that no row is empty) or None (every segment a whole path of one length: plain
+    causal), `valid` [B * Q] the real queries' cells, row by row."""
+    queries: torch.Tensor
+    keys: torch.Tensor
+    mask: torch.Tensor | None
+    valid: torch.Tensor
+
+    def to(self, device) -> _Batch:
+        return _Batch(self.queries.to(device), self.keys.to(device),
+                      None if self.mask is None else self.mask.to(device), self.valid.to(device))
+
+
+@dataclass(frozen=True)
 class _PathLayout:
     """Where each sequence's new nodes read (`segments`, in the order the tree was built: their node ranges tile
-    0..T - 1 in order, so the segments' outputs concatenated are the row's)."""
+    0..T - 1 in order, so the segments' outputs concatenated are the row's); and the same segments in `batches` of
+    similar shapes (`_batches`), whose outputs concatenated and taken at `inverse` are the row's."""
     segments: list[_Segment]
+    batches: list[_Batch]
+    inverse: torch.Tensor
 
-    def to(self, device) -> "_PathLayout":
-        return _PathLayout([g.to(device) for g in self.segments])
+    def to(self, device) -> _PathLayout:
+        return _PathLayout([g.to(device) for g in self.segments], [b.to(device) for b in self.batches],
+                           self.inverse.to(device))
+
+
+PAD_SLACK = 1.25    # a batch computes at most this many times its segments' own query x key cells
+
+
+def _batches(segments: list[_Segment]) -> tuple[list[_Batch], torch.Tensor]:
+    """The segments in batches for one SDPA call each: sorted by their queries, longest first, each batch as many
+    as keep its padded cells (B x Q x K) within `PAD_SLACK` times its segments' own (each Lq x L); and the
+    permutation that puts the batches' outputs back in node order."""
+    order = sorted(range(len(segments)), key=lambda i: (-(segments[i].stop - segments[i].start),
+                                                        -len(segments[i].keys)))
+    groups: list[list[int]] = []
+    for i in order:
+        g = segments[i]
+        cells = (g.stop - g.start) * len(g.keys)
+        if groups:
+            last = groups[-1]
+            q = segments[last[0]].stop - segments[last[0]].start       # the longest queries come first
+            k = max(len(g.keys), *(len(segments[j].keys) for j in last))
+            own = cells + sum((segments[j].stop - segments[j].start) * len(segments[j].keys) for j in last)
+            if (len(last) + 1) * q * k <= PAD_SLACK * own:
+                last.append(i)
+                continue
+        groups.append([i])
+    batches, nodes = [], []
+    for group in groups:
+        segs = [segments[i] for i in group]
+        q = max(g.stop - g.start for g in segs)
+        k = max(len(g.keys) for g in segs)
+        queries = torch.zeros((len(segs), q), dtype=torch.long)
+        keys = torch.zeros((len(segs), k), dtype=torch.long)
+        valid = torch.zeros((len(segs), q), dtype=torch.bool)
+        causal = all(g.mask is None and len(g.keys) == k for g in segs)
+        mask = None if causal else torch.zeros((len(segs), 1, q, k), dtype=torch.bool)
+        for b, g in enumerate(segs):
+            lq, length = g.stop - g.start, len(g.keys)
+            queries[b, :lq] = torch.arange(g.start, g.stop)
+            keys[b, :length] = g.keys
+            valid[b, :lq] = True
+            if mask is not None:
+                depth = torch.arange(length - lq, length)           # the depths of the segment's queries
+                mask[b, 0, :lq, :length] = torch.arange(length).unsqueeze(0) <= depth.unsqueeze(1)
+                mask[b, 0, lq:, 0] = True
+            nodes.append(queries[b, :lq])
+        batches.append(_Batch(queries, keys, mask, valid.reshape(-1)))
+    placed = torch.cat(nodes) if nodes else torch.zeros(0, dtype=torch.long)
+    inverse = torch.empty_like(placed)
+    inverse[placed] = torch.arange(len(placed))
+    return batches, inverse
 
 
 def _path_layout(tree: Packed) -> _PathLayout:
     """The segments of `tree`: for each sequence, in the order the tree was built, the nodes it added (a suffix of
-    its path: what it shares with earlier sequences is a prefix) against its path's nodes."""
+    its path: what it shares with earlier sequences is a prefix) against its path's nodes; and their batches."""
     segments = []
     seen = 0                        # nodes numbered so far: a sequence's new nodes are seen, seen + 1, ...
     for path in tree.paths:
@@ -226,7 +297,7 @@ def _path_layout(tree: Packed) -> _PathLayout:
             mask = torch.arange(length).unsqueeze(0) <= torch.arange(first, length).unsqueeze(1)
         segments.append(_Segment(seen, seen + length - first, path, mask))
         seen += length - first
-    return _PathLayout(segments)
+    return _PathLayout(segments, *_batches(segments))
 
 
 _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tree_forward`)
@@ -234,14 +305,28 @@ _ACTIVE: list[_PathLayout] = []     # the layout of the forward in progress (`tr
 
 def _path_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers' attention-function interface ([1, heads, T, d] in, [1, T, heads, d] out) over `_ACTIVE[-1]`:
-    per segment, its new nodes' queries (a slice of the row) against its path's keys (gathered once: no copy wider
-    than the path, and grouped-query heads are not repeated), SDPA; the segments' outputs in order are the row's."""
+    per batch of segments (`_batches`), their new nodes' queries against their paths' keys (gathered: no copy wider
+    than the paths, and grouped-query heads are not repeated), one SDPA call; the batches' outputs, put back in node
+    order, are the row's. `ATTENTION` `segments`: one SDPA call per segment instead (the same numbers, for
+    `bench.packing` to time)."""
     gqa = getattr(module, "num_key_value_groups", 1) > 1
-    outs = [F.scaled_dot_product_attention(query[:, :, g.start:g.stop], key[:, :, g.keys], value[:, :, g.keys],
-                                           attn_mask=g.mask, dropout_p=dropout, is_causal=g.mask is None,
+    layout = _ACTIVE[-1]
+    if ATTENTION["mode"] == "segments":
+        outs = [F.scaled_dot_product_attention(query[:, :, g.start:g.stop], key[:, :, g.keys], value[:, :, g.keys],
+                                               attn_mask=g.mask, dropout_p=dropout, is_causal=g.mask is None,
+                                               scale=scaling, enable_gqa=gqa)
+                for g in layout.segments]
+        return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    heads, d = query.shape[1], query.shape[3]
+    outs = []
+    for b in layout.batches:
+        q = query[0][:, b.queries].transpose(0, 1)                 # [B, heads, Q, d]
+        k, v = key[0][:, b.keys].transpose(0, 1), value[0][:, b.keys].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, dropout_p=dropout, is_causal=b.mask is None,
                                            scale=scaling, enable_gqa=gqa)
-            for g in _ACTIVE[-1].segments]
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+        outs.append(o.transpose(1, 2).reshape(-1, heads, d)[b.valid])
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out[layout.inverse].unsqueeze(0), None
 
 
 def _paths_apply(model) -> bool:
@@ -281,7 +366,7 @@ def tree_forward(model, tree: Packed, device):
     attention, `ATTENTION`), valid inside the block: the path attention swaps the model's attention implementation
     for the block's forward."""
     kwargs = {"input_ids": tree.ids.unsqueeze(0).to(device), "position_ids": tree.positions.unsqueeze(0).to(device)}
-    if ATTENTION["mode"] != "paths" or not _paths_apply(model):
+    if ATTENTION["mode"] == "mask" or not _paths_apply(model):
         yield {**kwargs, "attention_mask": attention_mask(model, tree).to(device)}    # checks the window
         return
     _check_window(model, tree)

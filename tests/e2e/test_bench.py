@@ -488,3 +488,30 @@ def test_learning_bands_by_hand():
     # seed 0: −25 points, seed 1: +20 points
     assert (d["m"], d["low"], d["high"], d["band"]) == (pytest.approx(-2.5), pytest.approx(-2.5 - 31.8198052),
                                                         pytest.approx(-2.5 + 31.8198052), "seeds")
+
+
+def test_precision_smoke(grpo_run, tmp_path):
+    """`bench.precision` on the tiny run: a profiled update minibatch per dtype whose parts add up to its wall time,
+    with the matrix products found in the forward and the backward and AdamW in the optimiser step; and the update
+    job run in a scratch folder per dtype, the run's own outputs untouched."""
+    from bench import precision
+
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    source = grpo_run / "results" / "iter_1" / "checkpoint"
+    before = {f.name: f.stat().st_mtime_ns for f in source.iterdir()}
+    precision.main(["--params", str(grpo_run / "params.yaml"), "--run", str(grpo_run / "results"), "--profile",
+                    "--jobs", "update@1", "--repeats", "1", "--scratch", str(scratch), "--out", str(out)])
+    prof = pl.read_csv(out / "precision_profile.csv")
+    for dtype in ("float32", "bfloat16"):
+        rows = prof.filter(pl.col("dtype") == dtype)
+        assert rows["seconds"].sum() == pytest.approx(rows["wall_s"][0], abs=0.01)
+        matmul = {ph: s for ph, k, s in rows.select("phase", "kind", "seconds").rows() if k == "matmul"}
+        assert matmul["forward"] > 0 and matmul["backward"] > 0
+        assert rows.filter(pl.col("phase") == "optimizer")["seconds"].sum() > 0
+    jobs = pl.read_csv(out / "precision_jobs.csv")
+    assert jobs.select("job", "dtype").rows() == [("update@1", "float32"), ("update@1", "bfloat16")]
+    for dtype in ("float32", "bfloat16"):
+        made = scratch / f"update_1_{dtype}" / "iter_1" / "checkpoint"
+        assert (made / "model.safetensors").is_file() and not (made / "model.safetensors").is_symlink()
+        assert yaml.safe_load((scratch / f"update_1_{dtype}.yaml").read_text())["policy"]["dtype"] == dtype
+    assert {f.name: f.stat().st_mtime_ns for f in source.iterdir()} == before

@@ -45,6 +45,46 @@ def test_the_path_attention_reads_each_new_node_once_along_its_own_path_by_hand(
     assert [(g.start, g.stop) for g in again.segments] == [(0, 3)]
 
 
+def test_segments_of_one_shape_share_an_sdpa_call_by_hand():
+    from pipeline.model.packing import _path_layout
+
+    # two unrelated 3-token sequences: whole paths of one length, one causal call without a mask
+    (b,) = _path_layout(pack([[1, 2, 3], [4, 5, 6]])).batches
+    assert b.queries.tolist() == [[0, 1, 2], [3, 4, 5]] and b.keys.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert b.mask is None and b.valid.all()
+    # a: nodes 0-3 | b adds node 4 at depth 3 | c adds node 5 at depth 3: b and c share a call, a (4 queries)
+    # would pad them to 2 x 4 x 4 = 32 cells for their 20, over PAD_SLACK
+    layout = _path_layout(pack([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 6]]))
+    whole, pair = layout.batches
+    assert whole.queries.tolist() == [[0, 1, 2, 3]] and whole.mask is None
+    assert pair.queries.tolist() == [[4], [5]] and pair.keys.tolist() == [[0, 1, 2, 4], [0, 1, 2, 5]]
+    assert pair.mask.int().tolist() == [[[[1, 1, 1, 1]]], [[[1, 1, 1, 1]]]]
+    assert layout.inverse.tolist() == [0, 1, 2, 3, 4, 5]
+    # padding: a 1-token sequence after a 4-token one, and a branch added last; the outputs come back in node order
+    layout = _path_layout(pack([[1, 2, 3, 4], [7], [1, 2, 3, 5]]))
+    assert [b.queries.tolist() for b in layout.batches] == [[[0, 1, 2, 3]], [[5]], [[4]]]
+    assert layout.inverse.tolist() == [0, 1, 2, 3, 5, 4]
+    # padded queries and keys: two 2-query segments of paths 3 and 4 long share a call (2 x 2 x 4 = 16 cells for 14)
+    layout = _path_layout(pack([[1, 2, 3, 4], [1, 2, 8, 9], [1, 5, 6]]))
+    merged = [b for b in layout.batches if len(b.queries) > 1]
+    assert len(merged) == 1
+    (m,) = merged
+    assert m.queries.tolist() == [[4, 5], [6, 7]] and m.keys.tolist() == [[0, 1, 4, 5], [0, 6, 7, 0]]
+    assert m.valid.tolist() == [True, True, True, True]
+    assert m.mask.int().tolist() == [[[[1, 1, 1, 0], [1, 1, 1, 1]]], [[[1, 1, 0, 0], [1, 1, 1, 0]]]]
+
+
+def test_the_shared_turns_batch_their_segments(tokenizer):
+    """The turns the equivalence tests below run through: some batch holds several segments with a mask, so the
+    batched path attention is what they compare."""
+    from pipeline.model.packing import _path_layout
+
+    prompts, responses, _ = shared_turns()
+    layout = _path_layout(pack([p + r for p, r in zip(prompts, responses)]))
+    assert len(layout.batches) < len(layout.segments)
+    assert any(len(b.queries) > 1 and b.mask is not None for b in layout.batches)
+
+
 def test_micro_batches_hold_at_most_the_token_budget_and_put_shared_prefixes_together():
     seqs = [[1, 2, 3], [9, 8], [1, 2, 4], [9, 7], [5, 5, 5, 5, 5]]
     # sorted: [1 2 3], [1 2 4], [5 5 5 5 5], [9 7], [9 8]; trees of at most 4 tokens; the 5-token turn goes alone
@@ -79,14 +119,14 @@ def shared_turns(n=12, seed=1):
     return prompts, responses, [1.5, -1.0, 0.5, -2.0, 1.0, 0.25] * (n // 6)
 
 
-@pytest.mark.parametrize("attention", ["paths", "mask"])
+@pytest.mark.parametrize("attention", ["paths", "segments", "mask"])
 @pytest.mark.parametrize("model", ["tiny llama", "tiny llama + lora", "project's tiny model", "eager attention",
                                    "grouped queries"])
 def test_packed_log_probs_and_entropies_equal_the_padded_batchs(model, attention, tokenizer, monkeypatch):
     import pipeline.model.packing as packing
 
     monkeypatch.setitem(packing.ATTENTION, "mode", attention)
-    if attention == "paths":            # the path attention builds no T x T mask: prove it is the one that ran
+    if attention != "mask":             # the path attention builds no T x T mask: prove it is the one that ran
         monkeypatch.setattr(packing, "attention_mask", lambda *a: pytest.fail("the mask was built"))
     if model == "project's tiny model":
         m = build_tiny_model(tokenizer, TinyModelConfig(), seed=0)
@@ -121,7 +161,7 @@ def train(model, **update):
     return sgd_update(model, *shared_turns(), lr=50.0, epochs=1, minibatch_size=12, **update)
 
 
-@pytest.mark.parametrize("attention", ["paths", "mask"])
+@pytest.mark.parametrize("attention", ["paths", "segments", "mask"])
 @pytest.mark.parametrize("lora", [False, True])
 def test_one_update_step_changes_the_weights_alike_packed_or_not(lora, attention, monkeypatch):
     import pipeline.model.packing as packing

@@ -1,0 +1,280 @@
+"""Benchmark: fp32 against bf16 on the same inputs, and where the update's time goes.
+
+    python -m bench.precision --params configs/smollm2-sokoban.yaml --run RUN --iteration 1 --profile --out OUT
+    python -m bench.precision --params configs/smollm2-sokoban.yaml --run RUN --jobs update@1 rollout@1 \
+        evaluate@0 --repeats 2 --out OUT
+
+`--profile`: one minibatch of the packed update (`update.minibatch_size` turns of iteration `--iteration`'s rollout,
+drawn as the update draws them, their advantages and log-probs from the run) and, with `--warmstart-steps K`, K
+steps of the warm start, each under `torch.profiler` in every dtype of `--dtypes`, from the checkpoint the update
+starts from (LoRA adapters where `policy.lora` is set, as the update trains; AdamW as the update builds it), after
+one unprofiled minibatch that warms the caches. Every operator's own time is put in a phase (forward, backward,
+the optimiser step) and a kind (`kind`: matrix products, attention, gathers and copies, element-wise, the rest);
+what no operator accounts for is Python and framework overhead. Writes `OUT/precision_profile.csv` (phase x kind x
+dtype seconds) and `OUT/precision_top_ops.csv` (the 20 costliest operators per dtype and part).
+
+`--jobs STAGE@I ...`: each job run as the workflow runs it (`python -m stages.<stage> --params ... --iteration I`)
+in a scratch run folder per dtype whose inputs are links to the run's own outputs, the dtypes alternating, each
+job `--repeats` times; its wall seconds from the start of the process to its end. Writes `OUT/precision_jobs.csv`.
+Every row names the CPU and its bf16 flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import torch
+import yaml
+
+from bench import cpu_name
+from pipeline.config.params import load_params, with_overrides
+from pipeline.data.tables import ADVANTAGES, STEPS, read_table
+from pipeline.model.precision import CPU_BF16_FLAGS, cpu_flags
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm", "aten::_mm")
+ATTENTION = ("scaled_dot_product", "flash_attention", "_efficient_attention", "attention")
+GATHER = ("aten::index", "aten::gather", "aten::cat", "aten::copy_", "aten::index_put", "aten::index_select",
+          "aten::embedding", "aten::scatter", "aten::stack", "aten::clone", "aten::contiguous", "aten::_to_copy",
+          "aten::to", "aten::masked_select", "aten::nonzero", "aten::unique", "aten::_unique", "aten::narrow_copy",
+          "aten::slice_backward", "aten::select_backward", "aten::embedding_dense_backward", "aten::new_zeros",
+          "aten::zero_", "aten::fill_", "aten::zeros", "aten::empty")
+ELEMENTWISE = ("aten::add", "aten::mul", "aten::sub", "aten::div", "aten::silu", "aten::exp", "aten::log",
+               "aten::rsqrt", "aten::pow", "aten::mean", "aten::sum", "aten::neg", "aten::sigmoid", "aten::where",
+               "aten::clamp", "aten::minimum", "aten::maximum", "aten::softmax", "aten::_softmax", "aten::log_softmax",
+               "aten::_log_softmax", "aten::sqrt", "aten::lerp", "aten::addcmul", "aten::addcdiv", "aten::_foreach",
+               "aten::norm", "aten::linalg_vector_norm", "aten::cos", "aten::sin", "aten::abs", "aten::max",
+               "aten::min", "aten::eq", "aten::ne", "aten::lt", "aten::gt", "aten::le", "aten::ge", "aten::rsub",
+               "aten::threshold", "aten::mse", "aten::sign")
+KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other op")
+
+
+def kind(name: str) -> str:
+    """The kind of work an operator named `name` (as the profiler names it) does. Backward kernels are named after
+    their forward (`MmBackward0` runs `aten::mm`), so the name alone decides; an attention's backward
+    (`aten::_scaled_dot_product_flash_attention_for_cpu_backward`) is attention."""
+    if any(a in name for a in ATTENTION):
+        return "attention"
+    base = name.split(".")[0]
+    if base.rstrip("_") in MATMUL or base in MATMUL:
+        return "matmul"
+    if any(base == g or base.rstrip("_") == g or base.startswith(g + "_") for g in GATHER):
+        return "gather/copy"
+    if any(base == e or base.rstrip("_") == e or base.startswith(e + "_") for e in ELEMENTWISE):
+        return "elementwise"
+    return "other op"
+
+
+def phase(event) -> str:
+    """forward, backward or optimizer: whichever the profiler event runs under (its ancestors' names)."""
+    e = event
+    while e is not None:
+        name = e.name
+        if name.startswith(("Optimizer.step", "Optimizer.zero_grad")):
+            return "optimizer"
+        if name.startswith("autograd::engine::evaluate_function"):
+            return "backward"
+        e = e.cpu_parent
+    return "forward"
+
+
+def attribute(events, wall_s: float) -> tuple[dict[tuple[str, str], float], list[tuple[str, str, float, int]]]:
+    """Seconds per (phase, kind) from the profiler's events (each operator's own time, without its children's),
+    and ('overhead', 'python') for the wall time no operator accounts for; and every operator's (name, phase,
+    seconds, calls), costliest first."""
+    table: dict[tuple[str, str], float] = defaultdict(float)
+    ops: dict[tuple[str, str], list] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU or not e.name.startswith("aten::"):
+            continue        # labels (record_function, autograd nodes) own no compute of their own here
+        s = e.self_cpu_time_total / 1e6
+        ph = phase(e)
+        table[(ph, kind(e.name))] += s
+        row = ops.setdefault((e.name, ph), [0.0, 0])
+        row[0] += s
+        row[1] += 1
+    table[("overhead", "python")] = max(wall_s - sum(table.values()), 0.0)
+    top = sorted(((n, ph, s, c) for (n, ph), (s, c) in ops.items()), key=lambda r: -r[2])
+    return dict(table), top
+
+
+def _minibatch(run: Path, it: int, n: int, seed: int):
+    """`n` turns of iteration `it` with a response, drawn at random as the update draws a minibatch: their
+    prompts, responses, advantages and the engine's log-probs."""
+    steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
+    adv = read_table(run / f"iter_{it}" / "advantages.parquet", ADVANTAGES)
+    table = steps.join(adv, on=["episode_id", "step"]).filter(pl.col("response_ids").list.len() > 0)
+    pick = torch.randperm(table.height, generator=torch.Generator().manual_seed(seed))[:2 * n].tolist()
+    table = table[pick]
+    return [(t["prompt_ids"].to_list(), t["response_ids"].to_list(), t["advantage"].to_list(),
+             [torch.tensor(x, dtype=torch.float32) for x in t["response_logprobs"].to_list()])
+            for t in (table[:n], table[n:2 * n])]
+
+
+def profile_update(params, run: Path, it: int, dtype: str) -> tuple[float, object]:
+    """(wall seconds, profiler) of one minibatch of the update in `dtype`, after one that warms up."""
+    from pipeline.model import adamw
+    from pipeline.model.policy import load_trainable
+    from pipeline.model.ppo import ppo_update
+
+    p = with_overrides(params, [f"policy.dtype={dtype}"])
+    u = p.update
+    start = run / f"iter_{it - 1}" / "checkpoint"
+    model, tok = load_trainable(start, p.policy, p.runtime.device, seed=0)
+    opt = adamw.build([q for q in model.parameters() if q.requires_grad], u.lr, u.weight_decay)
+    warm, timed = _minibatch(run, it, u.minibatch_size, p.seed)
+    cfg = u.model_copy(update={"epochs": 1})
+    args = {"cfg": cfg, "pad_id": tok.pad_token_id, "seed": 0, "temperature": p.rollout.temperature}
+    ppo_update(model, opt, *warm, **args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        ppo_update(model, opt, *timed, **args)
+        wall = time.perf_counter() - t0
+    return wall, prof
+
+
+def profile_warmstart(params, steps: int, dtype: str) -> tuple[float, object]:
+    """(wall seconds, profiler) of `steps` warm-start steps in `dtype` from `policy.path`, after one unprofiled."""
+    from pipeline.data.seeds import stage_seed
+    from pipeline.model.gguf_import import load_pretrained
+    from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
+
+    p = with_overrides(params, [f"policy.dtype={dtype}"])
+    w = p.warmstart
+    model, tok = load_pretrained(p.policy.path, dtype, p.runtime.device)
+    demos = demonstrations(p, min(w.episodes, 20), w.random_action_share, stage_seed("init", p.seed), tasks=w.tasks)
+    kw = {"batch_size": w.batch_size, "lr": w.lr_for(p.policy), "seed": 0, "packing": w.packing,
+          "micro_batch_size": w.micro_batch_size, "micro_batch_tokens": w.micro_batch_tokens}
+    supervised_warmstart(model, tok, demos, 1, **kw)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        supervised_warmstart(model, tok, demos, steps, **kw)
+        wall = time.perf_counter() - t0
+    return wall, prof
+
+
+def machine() -> dict[str, str]:
+    flags = cpu_flags()
+    return {"cpu": cpu_name(), "bf16_flags": " ".join(f for f in CPU_BF16_FLAGS if f in flags) or "none",
+            "threads": str(torch.get_num_threads())}
+
+
+def run_profiles(params, run: Path, it: int, dtypes: list[str], warmstart_steps: int, out: Path) -> None:
+    rows, tops = [], []
+    parts = [("update minibatch", lambda d: profile_update(params, run, it, d))]
+    if warmstart_steps:
+        parts.append((f"warm start, {warmstart_steps} steps", lambda d: profile_warmstart(params, warmstart_steps, d)))
+    for part, fn in parts:
+        for dtype in dtypes:
+            wall, prof = fn(dtype)
+            table, top = attribute(prof.events(), wall)
+            print(f"{part}, {dtype}: {wall:.2f} s", flush=True)
+            for (ph, k), s in sorted(table.items(), key=lambda kv: -kv[1]):
+                rows.append({"part": part, "dtype": dtype, "phase": ph, "kind": k, "seconds": round(s, 4),
+                             "share": round(s / wall, 4), "wall_s": round(wall, 3), **machine()})
+                print(f"  {ph:9s} {k:12s} {s:7.2f} s  {100 * s / wall:5.1f} %")
+            for name, ph, s, calls in top[:20]:
+                tops.append({"part": part, "dtype": dtype, "op": name, "phase": ph, "seconds": round(s, 4),
+                             "calls": calls})
+    _write(out / "precision_profile.csv", rows)
+    _write(out / "precision_top_ops.csv", tops)
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+    print(f"wrote {path}")
+
+
+def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path) -> tuple[Path, list[str]]:
+    """A params file whose run folder (`where`) links every output of `run` except the job's own, and the job's
+    command line."""
+    from pipeline.workflow.registry import STAGE_BY_NAME
+    from pipeline.workflow.runs import _link, job_paths
+
+    stage_name, _, it = job.partition("@")
+    if stage_name not in STAGE_BY_NAME:
+        raise SystemExit(f"--jobs {job}: no stage {stage_name!r}; expected one of {', '.join(STAGE_BY_NAME)}")
+    raw = yaml.safe_load(params_file.read_text())
+    raw.setdefault("policy", {})["dtype"] = dtype
+    raw.setdefault("run", {})["dir"] = str(where)
+    raw["run"].pop("base", None)
+    raw.setdefault("tracking", {})["enabled"] = False
+    if where.exists():
+        shutil.rmtree(where)
+    where.mkdir(parents=True)
+    f = where.parent / f"{where.name}.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    p = load_params(f)
+    stage = STAGE_BY_NAME[stage_name]
+    outs = job_paths(stage, p, int(it) if it else None, stage.outs_for(p))
+    for child in sorted(run.iterdir()):
+        if child.name.startswith("iter_"):
+            _link(child, where / child.name)
+    for o in outs:
+        o = Path(o)
+        if o.is_dir() and not o.is_symlink():
+            shutil.rmtree(o)
+        elif o.exists() or o.is_symlink():
+            o.unlink()
+    # iteration 0's record would carry the source run's dtype: the scratch run computes in its own
+    (where / "iter_0" / "checkpoint" / "precision.json").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", f"stages.{stage_name}", "--params", str(f)]
+    return f, cmd + (["--iteration", it] if it else [])
+
+
+def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], repeats: int, scratch: Path,
+             out: Path) -> None:
+    rows = []
+    for job in jobs:
+        for r in range(repeats):
+            for dtype in (dtypes if r % 2 == 0 else dtypes[::-1]):     # alternating, so drift hits both
+                _, cmd = _scratch(params_file, run, dtype, job, scratch / f"{job.replace('@', '_')}_{dtype}")
+                t0 = time.perf_counter()
+                r_ = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                wall = time.perf_counter() - t0
+                if r_.returncode != 0:
+                    raise SystemExit(f"{' '.join(cmd)} failed:\n{r_.stderr[-3000:]}")
+                print(f"{job} {dtype} repeat {r}: {wall:.1f} s", flush=True)
+                rows.append({"job": job, "dtype": dtype, "repeat": r, "wall_s": round(wall, 2), **machine()})
+    _write(out / "precision_jobs.csv", rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=Path, required=True)
+    ap.add_argument("--run", type=Path, required=True, help="a run's results folder with the iteration's outputs")
+    ap.add_argument("--iteration", type=int, default=1)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--warmstart-steps", type=int, default=0)
+    ap.add_argument("--jobs", nargs="*", default=[], metavar="STAGE@I")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--scratch", type=Path, default=Path("results/bench/precision_scratch"))
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of the profiles (default: torch's)")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    params = load_params(a.params)
+    if a.profile:
+        run_profiles(params, a.run, a.iteration, a.dtypes, a.warmstart_steps, a.out)
+    if a.jobs:
+        run_jobs(a.params, a.run, a.jobs, a.dtypes, a.repeats, a.scratch.resolve(), a.out)
+    print(machine())
+
+
+if __name__ == "__main__":
+    main()
