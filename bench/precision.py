@@ -11,7 +11,9 @@ starts from (LoRA adapters where `policy.lora` is set, as the update trains; Ada
 one unprofiled minibatch that warms the caches. Every operator's own time is put in a phase (forward, backward,
 the optimiser step) and a kind (`kind`: matrix products, attention, gathers and copies, element-wise, the rest);
 what no operator accounts for is Python and framework overhead. Writes `OUT/precision_profile.csv` (phase x kind x
-dtype seconds) and `OUT/precision_top_ops.csv` (the 20 costliest operators per dtype and part).
+dtype seconds) and `OUT/precision_top_ops.csv` (the 20 costliest operators per dtype and part). `--cpu-kernels
+math flash` and `--frozen on off` profile the path attention's CPU kernel and the LoRA base's storage
+(`pipeline.model.packing.ATTENTION`, `pipeline.model.policy.load_trainable`) each way, side by side.
 
 `--jobs STAGE@I ...`: each job run as the workflow runs it (`python -m stages.<stage> --params ... --iteration I`)
 in a scratch run folder per dtype whose inputs are links to the run's own outputs, the dtypes alternating, each
@@ -118,8 +120,9 @@ def _minibatch(run: Path, it: int, n: int, seed: int):
             for t in (table[:n], table[n:2 * n])]
 
 
-def profile_update(params, run: Path, it: int, dtype: str) -> tuple[float, object]:
-    """(wall seconds, profiler) of one minibatch of the update in `dtype`, after one that warms up."""
+def profile_update(params, run: Path, it: int, dtype: str, frozen_low: bool = True) -> tuple[float, object]:
+    """(wall seconds, profiler) of one minibatch of the update in `dtype`, after one that warms up; `frozen_low`:
+    a LoRA base stored in the compute dtype (`load_trainable`)."""
     from pipeline.model import adamw
     from pipeline.model.policy import load_trainable
     from pipeline.model.ppo import ppo_update
@@ -127,7 +130,7 @@ def profile_update(params, run: Path, it: int, dtype: str) -> tuple[float, objec
     p = with_overrides(params, [f"policy.dtype={dtype}"])
     u = p.update
     start = run / f"iter_{it - 1}" / "checkpoint"
-    model, tok = load_trainable(start, p.policy, p.runtime.device, seed=0)
+    model, tok = load_trainable(start, p.policy, p.runtime.device, seed=0, frozen_low_precision=frozen_low)
     opt = adamw.build([q for q in model.parameters() if q.requires_grad], u.lr, u.weight_decay)
     warm, timed = _minibatch(run, it, u.minibatch_size, p.seed)
     cfg = u.model_copy(update={"epochs": 1})
@@ -166,23 +169,32 @@ def machine() -> dict[str, str]:
             "threads": str(torch.get_num_threads())}
 
 
-def run_profiles(params, run: Path, it: int, dtypes: list[str], warmstart_steps: int, out: Path) -> None:
+def run_profiles(params, run: Path, it: int, dtypes: list[str], warmstart_steps: int, out: Path,
+                 kernels: list[str], frozen: list[str]) -> None:
+    """Profile each part in every dtype x CPU attention kernel x frozen-base storage, alternating."""
+    from pipeline.model import packing
+
     rows, tops = [], []
-    parts = [("update minibatch", lambda d: profile_update(params, run, it, d))]
+    variants = [(d, k, f) for d in dtypes for k in kernels for f in frozen]
+    parts = [("update minibatch", lambda d, f: profile_update(params, run, it, d, f == "on"))]
     if warmstart_steps:
-        parts.append((f"warm start, {warmstart_steps} steps", lambda d: profile_warmstart(params, warmstart_steps, d)))
+        parts.append((f"warm start, {warmstart_steps} steps",
+                      lambda d, f: profile_warmstart(params, warmstart_steps, d)))
     for part, fn in parts:
-        for dtype in dtypes:
-            wall, prof = fn(dtype)
+        for dtype, kernel, frz in variants:
+            packing.ATTENTION["cpu_kernel"] = kernel
+            wall, prof = fn(dtype, frz)
             table, top = attribute(prof.events(), wall)
-            print(f"{part}, {dtype}: {wall:.2f} s", flush=True)
-            for (ph, k), s in sorted(table.items(), key=lambda kv: -kv[1]):
-                rows.append({"part": part, "dtype": dtype, "phase": ph, "kind": k, "seconds": round(s, 4),
-                             "share": round(s / wall, 4), "wall_s": round(wall, 3), **machine()})
-                print(f"  {ph:9s} {k:12s} {s:7.2f} s  {100 * s / wall:5.1f} %")
-            for name, ph, s, calls in top[:20]:
-                tops.append({"part": part, "dtype": dtype, "op": name, "phase": ph, "seconds": round(s, 4),
-                             "calls": calls})
+            label = {"part": part, "dtype": dtype, "cpu_kernel": kernel, "frozen_low_precision": frz}
+            print(f"{part}, {dtype}, {kernel} attention, frozen base in the compute dtype {frz}: {wall:.2f} s",
+                  flush=True)
+            for (ph, k), sec in sorted(table.items(), key=lambda kv: -kv[1]):
+                rows.append({**label, "phase": ph, "kind": k, "seconds": round(sec, 4),
+                             "share": round(sec / wall, 4), "wall_s": round(wall, 3), **machine()})
+                print(f"  {ph:9s} {k:12s} {sec:7.2f} s  {100 * sec / wall:5.1f} %")
+            for name, ph, sec, calls in top[:20]:
+                tops.append({**label, "op": name, "phase": ph, "seconds": round(sec, 4), "calls": calls})
+    packing.ATTENTION["cpu_kernel"] = "math"
     _write(out / "precision_profile.csv", rows)
     _write(out / "precision_top_ops.csv", tops)
 
@@ -264,13 +276,17 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--scratch", type=Path, default=Path("results/bench/precision_scratch"))
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--cpu-kernels", nargs="+", default=["math"], choices=["math", "flash"],
+                    help="the path attention's SDPA kernel on a CPU (pipeline.model.packing.ATTENTION): each profiled")
+    ap.add_argument("--frozen", nargs="+", default=["on"], choices=["on", "off"],
+                    help="a LoRA base stored in the compute dtype (on) or fp32 (off): each profiled")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the profiles (default: torch's)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     params = load_params(a.params)
     if a.profile:
-        run_profiles(params, a.run, a.iteration, a.dtypes, a.warmstart_steps, a.out)
+        run_profiles(params, a.run, a.iteration, a.dtypes, a.warmstart_steps, a.out, a.cpu_kernels, a.frozen)
     if a.jobs:
         run_jobs(a.params, a.run, a.jobs, a.dtypes, a.repeats, a.scratch.resolve(), a.out)
     print(machine())

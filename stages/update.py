@@ -67,8 +67,9 @@ def main(argv=None) -> None:
             preference_update(ctx, pairs, model, tokenizer, seed, procs, tracker)
             return
         turns = read_turns(ctx)
+        sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
         model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
-                                          p.update.gradient_checkpointing)
+                                          p.update.gradient_checkpointing, frozen_low_precision=not sharded)
         if turns.prompts:
             old, weights, ref, reports = logprob_passes(ctx, model, tokenizer.pad_token_id, turns, procs)
         else:              # update.skip_zero_advantage left every turn out: no step, the weights stay
@@ -76,7 +77,6 @@ def main(argv=None) -> None:
         make_optimizer = _optimizer_of(p)
         optimizer = make_optimizer(model.parameters())
         adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
-        sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
         if sharded:   # after log pi_old: every process held the whole model for it
             optimizer = fsdp.shard_model(model, optimizer, make_optimizer, next(model.parameters()).device)
             ctx.log(f"FSDP: each of {procs.world} processes holds 1/{procs.world} of the weights, gradients and "
@@ -275,7 +275,8 @@ def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], trace: list[
 
 
 def _load(ctx, device, seed: int):
-    return load_trainable(ctx.path(paths.PREV_CHECKPOINT), ctx.params.policy, device, seed)[0]
+    return load_trainable(ctx.path(paths.PREV_CHECKPOINT), ctx.params.policy, device, seed,
+                          frozen_low_precision=False)[0]
 
 
 def _optimizer_of(p):

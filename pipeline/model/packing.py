@@ -32,7 +32,7 @@ tokens (`update.micro_batch_tokens`).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,7 +45,9 @@ from pipeline.model.precision import autocast
 __all__ = ["ATTENTION", "Packed", "attention_mask", "grouped_micro_batches", "micro_batches", "pack", "packed_tokens",
            "passes", "response_logprobs", "tree_forward"]
 
-ATTENTION = {"mode": "paths"}   # "paths", "segments" or "mask" (module docstring); bench.packing times each
+# mode: "paths", "segments" or "mask" (module docstring), bench.packing times each; cpu_kernel: SDPA's kernel for
+# the path attention on a CPU, "math" (matrix products; its backward is the faster there) or "flash"
+ATTENTION = {"mode": "paths", "cpu_kernel": "math"}
 _IMPL = "creditrl_tree_paths"   # the name of the path attention in transformers' AttentionInterface
 
 
@@ -311,6 +313,22 @@ def _path_attention(module, query, key, value, attention_mask, dropout: float = 
     `bench.packing` to time)."""
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     layout = _ACTIVE[-1]
+    with _cpu_kernel(query.device):
+        return _paths(query, key, value, layout, dropout, scaling, gqa)
+
+
+def _cpu_kernel(device):
+    """On a CPU, SDPA's kernel `ATTENTION["cpu_kernel"]`: the math one computes the scores with matrix products,
+    as accurate as the flash kernel in bf16, and its backward is much the faster of the two on short paths of
+    narrow heads (SmolLM2's: 64 wide; `bench.precision`, docs/models.md, Precision); elsewhere SDPA picks."""
+    if device.type != "cpu" or ATTENTION.get("cpu_kernel", "math") != "math":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def _paths(query, key, value, layout, dropout, scaling, gqa):
     if ATTENTION["mode"] == "segments":
         outs = [F.scaled_dot_product_attention(query[:, :, g.start:g.stop], key[:, :, g.keys], value[:, :, g.keys],
                                                attn_mask=g.mask, dropout_p=dropout, is_causal=g.mask is None,

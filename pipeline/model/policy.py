@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.data.seeds import mix_seed
-from pipeline.model.precision import DTYPES, autocast, mark
+from pipeline.model.precision import DTYPES, autocast, frozen_in_compute_dtype, mark
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -171,13 +171,18 @@ def with_lora(model, cfg, seed: int, task_type: str | None = "CAUSAL_LM"):
                                             target_modules=cfg.target_modules, task_type=task_type))
 
 
-def load_trainable(path: str | Path, policy, device, seed: int, gradient_checkpointing: bool = False):
+def load_trainable(path: str | Path, policy, device, seed: int, gradient_checkpointing: bool = False,
+                   frozen_low_precision: bool = True):
     """(model, tokenizer) of the checkpoint `path` set up to train under the `policy` params section: its weights
     in fp32 with forward passes in `policy.dtype`, wrapped with fresh LoRA adapters seeded by `seed` where
-    `policy.lora` is set (iteration 1 wraps the initial policy; later checkpoints are adapters already)."""
+    `policy.lora` is set (iteration 1 wraps the initial policy; later checkpoints are adapters already). Under
+    LoRA in bf16 or fp16 the frozen base's linear weights are stored in that dtype (`frozen_low_precision`;
+    `pipeline.model.precision.frozen_in_compute_dtype`): the adapters keep fp32 master weights."""
     model, tokenizer = load_policy(path, policy.dtype, device, train=True)
     if policy.lora is not None:
         model = with_lora(model, policy.lora, seed=seed)
+        if frozen_low_precision:
+            frozen_in_compute_dtype(model)
     if gradient_checkpointing:
         checkpoint_activations(model)
     return model, tokenizer

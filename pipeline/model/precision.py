@@ -111,6 +111,25 @@ def mark(model, dtype: str):
     return model
 
 
+def frozen_in_compute_dtype(model) -> int:
+    """Store the frozen linear weights of `model` (the base under LoRA adapters) in its compute dtype where that is
+    bf16 or fp16; returns how many. Autocast casts a weight that does not train anew on every forward (it caches
+    only those that require gradients); these are the same values cast once, so every product is unchanged while
+    the casts and half of the frozen weights' memory go. The input embedding (and an LM head tied to it) keeps
+    fp32: it is no autocast product, and the residual stream it starts stays fp32."""
+    dtype = compute_dtype(model)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    tied = model.get_input_embeddings().weight
+    n = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear) and not w.requires_grad and w is not tied and w.dtype != dtype:
+            module.weight.data = w.data.to(dtype)
+            n += 1
+    return n
+
+
 def compute_dtype(model) -> torch.dtype | None:
     return getattr(model, ATTR, None)
 

@@ -97,3 +97,42 @@ def test_log_pi_old_is_taken_at_the_sampling_temperature(folder):
                        [1.0] * 8, sequence_logprobs(model, prompts, responses, PAD, 8, temperature=0.7), cfg, PAD,
                        seed=0, temperature=0.7)
     assert stats["clipfrac"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
+
+
+@pytest.mark.parametrize("packing", ["none", "tree"])
+def test_a_lora_base_stored_in_bf16_trains_the_adapters_exactly_as_autocast_did(folder, packing):
+    """Under LoRA in bf16 the frozen linear weights are stored in bf16 (`frozen_in_compute_dtype`): autocast cast
+    them to the same values on every forward, so one update step gives bit-identical adapters; the adapters, the
+    embedding (tied to the LM head) and the norms stay fp32."""
+    from pipeline.config.params import PolicyConfig
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import load_trainable
+    from pipeline.model.precision import frozen_in_compute_dtype
+
+    policy = PolicyConfig(dtype="bfloat16", lora=LoraSettings(r=4, alpha=8))
+    results = []
+    for frozen_low in (False, True):
+        model, _ = load_trainable(folder, policy, "cpu", seed=0, frozen_low_precision=frozen_low)
+        for name, w in model.named_parameters():       # B = 0 would hide the adapter's effect on the base's input
+            if "lora_B" in name:
+                torch.manual_seed(1)
+                torch.nn.init.normal_(w, std=0.5)
+        dtypes = {n: w.dtype for n, w in model.named_parameters()}
+        prompts, responses, adv = batch()
+        old = sequence_logprobs(model, prompts, responses, PAD, 8)
+        opt = torch.optim.AdamW([w for w in model.parameters() if w.requires_grad], lr=1e-2)
+        ppo_update(model, opt, prompts, responses, adv, old, UpdateConfig(lr=1e-2, epochs=1, minibatch_size=8,
+                   packing=packing), PAD, seed=0)
+        results.append(({n: w.detach().clone() for n, w in model.named_parameters() if w.requires_grad}, dtypes,
+                        old))
+    (plain, plain_dtypes, plain_old), (low, low_dtypes, low_old) = results
+    assert all(torch.equal(a, b) for a, b in zip(plain_old, low_old))
+    assert plain.keys() == low.keys() and all(torch.equal(plain[n], low[n]) for n in plain)
+    assert set(plain_dtypes.values()) == {torch.float32}
+    cast = {n for n, d in low_dtypes.items() if d == torch.bfloat16}
+    # q k v o, gate up down of the one layer; not the embedding, the norms or the adapters
+    assert len(cast) == 7 and all("base_layer" in n for n in cast)
+    assert all(low_dtypes[n] == torch.float32 for n in plain)
+    # an fp32 model is left as it is
+    fp32, _ = load_trainable(folder, PolicyConfig(dtype="float32", lora=LoraSettings(r=4, alpha=8)), "cpu", seed=0)
+    assert frozen_in_compute_dtype(fp32) == 0 and {w.dtype for w in fp32.parameters()} == {torch.float32}
