@@ -20,7 +20,7 @@ the plain one instead of as many episodes (`--label` names such an arm). Output 
 - branching.csv: per arm, the means over seeds and iterations of those, with the final and mean held-out success;
 - branching_verdicts.csv: per method, each branching arm against plain and each entropy arm against the uniform
   arm with the same `--mode-set` keys (the same budget): the paired difference in final and mean held-out success
-  with a 95 % two-level bootstrap interval (`bench.verdicts`);
+  with its 95 % interval, p-values and verdict (`bench.verdicts`, docs/statistics.md);
 - branching_tasks.csv: held-out success per arm, method, seed, iteration and task (the verdicts' input);
 - branching.png: the success curves per arm, and the sampled turns and tool calls per task.
 

@@ -11,9 +11,11 @@ of a group give a mean and a spread. The
 page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
 
 - the verdicts: each group against the baseline group (`--baseline`, GRPO by default, else the first): the paired
-  difference in final held-out success and in area under the curve, with a 95 % two-level bootstrap interval,
-  the exact sign-flip p-value over seeds, the seeds 80 % power would need, and the verdict in words
-  (`bench.verdicts`; compare_verdicts.csv), on the held-out tasks every run played (the page says which);
+  difference in final held-out success and in the mean over the iterations the arms do not share, with a 95 %
+  interval (a t-interval over seeds and the shared task panel), the exact sign-flip p-value over seeds (Holm-
+  corrected within the primary and the secondary metrics), the equivalence test within ±5 points, and the verdict
+  (better, worse, equivalent, or undecided with the seeds a decision is expected to need; `bench.verdicts`,
+  docs/statistics.md; compare_verdicts.csv), on the held-out tasks every run played (the page says which);
 - the held-out success curves, mean ± std over seeds (one seed: ± one standard error over its held-out tasks), and
   each method minus the baseline on the same seed (one seed: the paired 95 % interval over tasks);
 - per iteration, the oracle credit quality of each run's own advantages (ROC-AUC of the advantage and of the step
@@ -326,9 +328,10 @@ def _readable(df: pl.DataFrame) -> pl.DataFrame:
     return df.select(keep).rename({c: SUMMARY_HEADERS[c] for c in keep})
 
 
-VERDICT_HEADERS = {"method": "group", "baseline": "against", "metric": "metric", "seeds": "seeds",
-                   "tasks": "tasks a seed", "diff": "difference (points)", "ci_low": "95 % CI low",
-                   "ci_high": "95 % CI high", "p_value": "p (sign flip)", "seeds_for_power": "seeds for 80 % power",
+VERDICT_HEADERS = {"method": "group", "baseline": "against", "metric": "metric", "primary": "primary",
+                   "seeds": "seeds", "tasks": "tasks a seed", "diff": "difference (points)", "ci_low": "95 % CI low",
+                   "ci_high": "95 % CI high", "p_value": "p (sign flip)", "p_adjusted": "p (Holm)",
+                   "p_equivalence": "p (equivalence)", "seeds_for_power": "seeds to decide (estimate)",
                    "verdict": "verdict"}
 
 
@@ -347,13 +350,15 @@ def verdict_section(table: pl.DataFrame, panel: str) -> list[str]:
     if not table.height:
         return []
     items = "".join(f"<li>{html.escape(s)}</li>" for s in table["sentence"].to_list())
-    readable = table.drop("sentence").rename(VERDICT_HEADERS)
+    readable = table.select(list(VERDICT_HEADERS)).rename(VERDICT_HEADERS)
     return [f"<h2>Verdicts against {html.escape(table['baseline'][0])}</h2>",
             f"<p class='note'>{html.escape(panel)} Each difference is the mean over seeds of the paired difference "
-            "on the same seed, in points of held-out success; its 95 % interval comes from a two-level bootstrap "
-            "(seeds, then held-out tasks within a seed); p is the exact sign-flip permutation p-value over seeds "
-            "(with n seeds it cannot go below 2 / 2<sup>n</sup>); a difference is established when p &lt; 0.05 and "
-            "the interval excludes 0.</p>", f"<ul class='verdicts'>{items}</ul>", _table(readable)]
+            "on the same seed, in points of held-out success; its 95 % interval is a t-interval whose standard "
+            "error adds the spread over seeds and over the shared panel of tasks (one seed: the tasks only); p is "
+            "the exact sign-flip permutation p-value over seeds (with n seeds it cannot go below 2 / 2<sup>n</sup>), "
+            "Holm-corrected within the primary and within the secondary metric; better or worse when that p &lt; "
+            "0.05 and the interval excludes 0, equivalent when two one-sided tests put the difference within ±5 "
+            "points (5 seeds or more), else undecided (docs/statistics.md).</p>", f"<ul class='verdicts'>{items}</ul>", _table(readable)]
 
 
 def page(runs: list[Run], summary: pl.DataFrame, vs: pl.DataFrame, figures: list[tuple[str, str, str]],

@@ -24,9 +24,9 @@ files), logged to the repository's MLflow store like any run. Output in `--out`:
   step signal and in non-singleton anchor groups (and `auc_score`, the learned model's own);
 - learning_vs_grpo.csv: per method, the per-seed difference from GRPO's final success (mean, std);
 - learning_verdicts.csv: per method against the baseline (`--baseline`, GRPO by default), the paired difference in
-  final held-out success and in area under the curve, in points, with a 95 % two-level bootstrap interval (seeds,
-  then held-out tasks within a seed), the exact sign-flip p-value over seeds, the seeds 80 % power would need and
-  the verdict in words (`bench.verdicts`); the sentences are printed too;
+  final held-out success and in the mean over the iterations the arms do not share, in points, with a 95 %
+  interval over seeds and the shared task panel, the sign-flip p-value (Holm-corrected per family), the
+  equivalence test and the verdict (`bench.verdicts`, docs/statistics.md); the sentences are printed too;
 - learning_pairs.csv: for runs that learn from step-level preferences (`update.objective: step_dpo`), per run and
   iteration the pairs, the share of the iteration's turns in a pair, the states with a pair and the mean gap and
   margin (`pipeline.credit.preferences.pair_stats`);

@@ -245,14 +245,16 @@ def test_learning_smoke(tmp_path):
     assert row["final_mean"] == grpo[1] and row["auc_mean"] == pytest.approx(sum(grpo) / 2)
     assert (out / "learning.png").stat().st_size > 0
     # the verdicts: RLOO against GRPO from the held-out tasks of the same runs (every task 2 episodes, so the mean
-    # of the tasks' rates is the run's rate); one seed: p = 1, nothing established, no power to size
+    # of the tasks' rates is the run's rate); one seed: p = 1, undecided, no spread over seeds to size seeds by
     rloo = curves.filter(pl.col("method") == "rloo")["success_rate"].to_list()
     final, auc = pl.read_csv(out / "learning_verdicts.csv").iter_rows(named=True)
     assert (final["method"], final["baseline"], final["metric"], final["seeds"], final["tasks"]) == \
         ("rloo", "grpo", "final", 1, 4)
     assert final["diff"] == pytest.approx(100 * (rloo[1] - grpo[1]))
-    assert auc["metric"] == "auc" and auc["diff"] == pytest.approx(100 * (sum(rloo) - sum(grpo)) / 2)
-    assert final["p_value"] == 1.0 and final["verdict"] == "not established" and final["seeds_for_power"] is None
+    # iteration 0 is the runs' shared initial policy: the mean over iterations reads iteration 1 alone
+    assert auc["metric"] == "auc" and auc["diff"] == pytest.approx(100 * (rloo[1] - grpo[1]))
+    assert auc["iterations"] == "iterations 1" and auc["primary"] and not final["primary"]
+    assert final["p_value"] == 1.0 and final["verdict"] == "undecided" and final["seeds_for_power"] is None
     # the same pair from the command line, iteration by iteration, and one run's gain over its iteration 0
     from bench import verdicts
 
@@ -423,9 +425,9 @@ def test_branching_pairs_each_entropy_arm_with_the_uniform_arm_of_its_budget():
 
 def test_branching_report_pools_the_seeds_of_earlier_benches_by_hand(tmp_path):
     """`--merge`: seed 0 from one bench's output folder, seed 1 from another's, paired as if run in one; final
-    entropy - plain differences per task (+0.5, 0) on seed 0 and (0, +0.5) on seed 1: +25 points; over iterations
-    0-1 (equal at 0, the shared initial policy) +12.5. A seed in two benches, or a folder without its per-task
-    table, is refused by name."""
+    entropy - plain differences per task (+0.5, 0) on seed 0 and (0, +0.5) on seed 1: +25 points; over the
+    iterations the arms do not share (iteration 0 is the shared initial policy) +25 too. A seed in two benches, or
+    a folder without its per-task table, is refused by name."""
     from bench import branching
 
     finals = {0: {"none": [0.5, 1.0], "entropy": [1.0, 1.0]}, 1: {"none": [0.0, 0.5], "entropy": [0.0, 1.0]}}
@@ -447,7 +449,7 @@ def test_branching_report_pools_the_seeds_of_earlier_benches_by_hand(tmp_path):
     table = branching.report(tmp_path / "work", ["none", "entropy"], ["gigpo"], [], out, log=False, merge=folders)
     v = {r["metric"]: r for r in pl.read_csv(out / "branching_verdicts.csv").iter_rows(named=True)}
     assert v["final"]["seeds"] == 2 and v["final"]["tasks"] == 2
-    assert v["final"]["diff"] == pytest.approx(25.0) and v["auc"]["diff"] == pytest.approx(12.5)
+    assert v["final"]["diff"] == pytest.approx(25.0) and v["auc"]["diff"] == pytest.approx(25.0)
     assert table["final_mean"].to_list() == pytest.approx([0.5, 0.75])
     assert pl.read_csv(out / "branching_tasks.csv").height == 16
     with pytest.raises(SystemExit, match=r"--merge .*bench0: arm, method and seed \('entropy', 'gigpo', 0\) are "
