@@ -271,8 +271,8 @@ def verdict(method: str, baseline: str, metric: str, per_task: list[np.ndarray],
     elif word == "equivalent":
         tail = f": equivalent within ±{delta:g} points (90 % interval [{_points(lo90)}, {_points(hi90)}])"
     else:
-        more = (f"; about {max(need - n, 1)} more seeds expected to decide (simulated, an estimate)" if need
-                else "")
+        k = max(need - n, 1) if need else 0
+        more = f"; about {k} more seed{'s' * (k != 1)} expected to decide (simulated, an estimate)" if need else ""
         tail = f": undecided{more}"
     if n == 1 and math.isfinite(lo):
         tail += f" (interval {covers})"
