@@ -17,7 +17,9 @@ math flash` and `--frozen on off` profile the path attention's CPU kernel and th
 
 `--jobs STAGE@I ...`: each job run as the workflow runs it (`python -m stages.<stage> --params ... --iteration I`)
 in a scratch run folder per dtype whose inputs are links to the run's own outputs, the dtypes alternating, each
-job `--repeats` times; its wall seconds from the start of the process to its end. Writes `OUT/precision_jobs.csv`.
+job `--repeats` times; its wall seconds from the start of the process to its end; `--code DIR ...` runs each job in
+every given checkout as well (a worktree of an earlier commit: before against after), `--set KEY=VALUE` overrides
+the params. Writes `OUT/precision_jobs.csv`.
 Every row names the CPU and its bf16 flags.
 """
 
@@ -210,9 +212,11 @@ def _write(path: Path, rows: list[dict]) -> None:
     print(f"wrote {path}")
 
 
-def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path) -> tuple[Path, list[str]]:
-    """A params file whose run folder (`where`) links every output of `run` except the job's own, and the job's
-    command line."""
+def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, sets: list[str] = ()
+             ) -> tuple[Path, list[str]]:
+    """A params file (`sets`: KEY=VALUE overrides) whose run folder (`where`) links every output of `run` except
+    the job's own, and the job's command line."""
+    from pipeline.config.params import apply_overrides
     from pipeline.workflow.registry import STAGE_BY_NAME
     from pipeline.workflow.runs import _link, job_paths
 
@@ -224,6 +228,7 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path) ->
     raw.setdefault("run", {})["dir"] = str(where)
     raw["run"].pop("base", None)
     raw.setdefault("tracking", {})["enabled"] = False
+    raw = apply_overrides(raw, list(sets), "--set")
     if where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True)
@@ -248,19 +253,24 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path) ->
 
 
 def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], repeats: int, scratch: Path,
-             out: Path) -> None:
+             out: Path, sets: list[str], codes: list[Path]) -> None:
+    """Each job in every dtype and checkout of the code (`codes`: folders whose `stages` run the job, this one
+    by default), alternating, `repeats` times."""
     rows = []
+    variants = [(d, c) for c in codes for d in dtypes]
     for job in jobs:
         for r in range(repeats):
-            for dtype in (dtypes if r % 2 == 0 else dtypes[::-1]):     # alternating, so drift hits both
-                _, cmd = _scratch(params_file, run, dtype, job, scratch / f"{job.replace('@', '_')}_{dtype}")
+            for dtype, code in (variants if r % 2 == 0 else variants[::-1]):    # alternating: drift hits all
+                tag = f"{job.replace('@', '_')}_{dtype}" + (f"_{code.name}" if len(codes) > 1 else "")
+                _, cmd = _scratch(params_file, run, dtype, job, scratch / tag, sets)
                 t0 = time.perf_counter()
-                r_ = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                r_ = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=code)
                 wall = time.perf_counter() - t0
                 if r_.returncode != 0:
-                    raise SystemExit(f"{' '.join(cmd)} failed:\n{r_.stderr[-3000:]}")
-                print(f"{job} {dtype} repeat {r}: {wall:.1f} s", flush=True)
-                rows.append({"job": job, "dtype": dtype, "repeat": r, "wall_s": round(wall, 2), **machine()})
+                    raise SystemExit(f"{' '.join(cmd)} (in {code}) failed:\n{r_.stderr[-3000:]}")
+                print(f"{job} {dtype} {code} repeat {r}: {wall:.1f} s", flush=True)
+                rows.append({"job": job, "dtype": dtype, "code": str(code), "repeat": r, "wall_s": round(wall, 2),
+                             **machine()})
     _write(out / "precision_jobs.csv", rows)
 
 
@@ -280,6 +290,9 @@ def main(argv=None) -> None:
                     help="the path attention's SDPA kernel on a CPU (pipeline.model.packing.ATTENTION): each profiled")
     ap.add_argument("--frozen", nargs="+", default=["on"], choices=["on", "off"],
                     help="a LoRA base stored in the compute dtype (on) or fp32 (off): each profiled")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="--jobs: params overrides")
+    ap.add_argument("--code", type=Path, nargs="+", default=[Path.cwd()],
+                    help="--jobs: checkouts whose stages run each job (e.g. a git worktree of an earlier commit)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the profiles (default: torch's)")
     a = ap.parse_args(argv)
     if a.threads:
@@ -288,7 +301,8 @@ def main(argv=None) -> None:
     if a.profile:
         run_profiles(params, a.run, a.iteration, a.dtypes, a.warmstart_steps, a.out, a.cpu_kernels, a.frozen)
     if a.jobs:
-        run_jobs(a.params, a.run, a.jobs, a.dtypes, a.repeats, a.scratch.resolve(), a.out)
+        run_jobs(a.params.resolve(), a.run.resolve(), a.jobs, a.dtypes, a.repeats, a.scratch.resolve(), a.out,
+                 a.set, [c.resolve() for c in a.code])
     print(machine())
 
 

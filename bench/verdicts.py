@@ -37,6 +37,7 @@ the command line above re-states a recorded comparison from its per-seed figures
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
@@ -85,6 +86,18 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=20)
+def _cached_patterns(n: int) -> np.ndarray:
+    return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+
+
+def sign_patterns(n: int) -> np.ndarray:
+    """All 2^n sign patterns of n values, [2^n, n] (kept for n <= 16: at most 8 MiB each)."""
+    if n <= 16:
+        return _cached_patterns(n)
+    return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+
+
 def sign_flip_p(d: np.ndarray, alternative: str = "two-sided") -> float:
     """Exact paired sign-flip permutation p-value of the mean of `d`: two-sided (|mean| at least as far from 0),
     `greater` (mean at least as large) or `less`; above `EXACT_UP_TO` values, `RANDOM_PATTERNS` random patterns
@@ -94,10 +107,8 @@ def sign_flip_p(d: np.ndarray, alternative: str = "two-sided") -> float:
     if n == 0:
         return 1.0
     observed = d.mean()
-    if n <= EXACT_UP_TO:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-    else:
-        signs = np.random.default_rng(0).choice((1.0, -1.0), size=(RANDOM_PATTERNS, n))
+    signs = sign_patterns(n) if n <= EXACT_UP_TO else np.random.default_rng(0).choice((1.0, -1.0),
+                                                                                      size=(RANDOM_PATTERNS, n))
     means = signs @ d / n
     eps = 1e-12 * max(1.0, float(np.abs(d).max()))
     if alternative == "two-sided":
@@ -169,7 +180,7 @@ def simulated_power(mean: float, sd: float, n: int, test: str, delta: float = DE
     rng = np.random.default_rng(seed)
     d = rng.normal(mean, sd, size=(sims, n))
     if n <= 12:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+        signs = sign_patterns(n)
         correction = 0
     else:
         signs = rng.choice((1.0, -1.0), size=(2_000, n))

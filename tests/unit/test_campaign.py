@@ -1,0 +1,75 @@
+"""The group-sequential design of a claim's campaign (bench/campaign.py): the spending function and the exact
+boundaries by hand, the decisions at a look, and its error rate under no difference in simulation."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bench.campaign import Design, boundaries, decide, spent
+
+
+def test_obrien_fleming_spending_by_hand():
+    # 2 - 2 Phi(1.95996 / sqrt(t)): t = 1 spends all of alpha, t = 1/2 about a ninth of it
+    assert spent(1.0) == pytest.approx(0.05)
+    assert spent(0.5) == pytest.approx(2 - 2 * stats.norm.cdf(1.959964 / math.sqrt(0.5)))
+    assert spent(0.5) == pytest.approx(0.005575, abs=1e-5)
+    assert spent(0.0) == 0.0 and spent(8 / 20) < spent(12 / 20) < spent(16 / 20) < 0.05
+
+
+def test_the_boundaries_are_exact_on_the_sign_patterns_by_hand():
+    d = np.arange(1.0, 7.0)                        # 1 2 3 4 5 6, looks after 4 and 6 seeds of 6
+    c1, c2 = boundaries(d, (4, 6), 6)
+    # at 4 seeds spent(2/3) = 0.0164 of 16 patterns is 0.26: not one pattern may cross
+    assert c1 == math.inf
+    # at 6 seeds 0.05 x 64 = 3.2 patterns: +-all (|mean| 3.5) are 2; the next, with the 1 flipped (19/6), two more
+    # would make 4 > 3.2, so the boundary is 3.5
+    assert c2 == pytest.approx(3.5)
+    # a boundary already crossed by some patterns at look 1 leaves less room at look 2: with looks (2, 6) of
+    # 1..6, spent(1/3) x 4 = 0.0006: none at look 1 either
+    assert boundaries(d, (2, 6), 6)[0] == math.inf
+    assert boundaries(d[:4], (4, 6), 6) == [math.inf]     # a look the data have not reached is not computed
+
+
+def test_a_design_is_checked_before_any_run():
+    with pytest.raises(ValueError, match="first look at 6 seeds; the sign-flip test cannot reach"):
+        Design("c", "gigpo", "grpo", "auc", (6, 12))
+    with pytest.raises(ValueError, match="looks .* must be increasing"):
+        Design("c", "gigpo", "grpo", "auc", (12, 8))
+    with pytest.raises(ValueError, match="metric 'best'"):
+        Design("c", "gigpo", "grpo", "best", (8, 16))
+    assert Design("c", "gigpo", "grpo", "auc", (8, 12, 16)).seeds == tuple(range(16))
+
+
+def test_decisions_stop_at_the_first_look_that_decides():
+    design = Design("c", "gigpo", "grpo", "auc", (8, 12, 16))
+    # every seed +6 to +13 points: at 8 seeds |mean| 9.5 is the largest of the 256 patterns' (2 of them), and
+    # spent(1/2) x 256 = 1.4 allows 1: not yet; at 12 seeds spent(3/4) = 0.0236 x 4096 = 97 patterns: better
+    up = np.array([6.0, 7, 8, 9, 10, 11, 12, 13, 8, 9, 10, 11, 7, 7, 7, 7])
+    looks = decide(design, up)
+    assert [x.seeds for x in looks] == [8, 12] and [x.decision for x in looks] == ["continue", "better"]
+    assert looks[0].boundary == math.inf and looks[1].boundary <= up[:12].mean()
+    assert [x.decision for x in decide(design, -up)][-1] == "worse"
+    # small differences around 0 with a small spread: equivalent within +-5 at the first look
+    flat = np.array([0.5, -0.5, 1.0, -1.0, 0.2, -0.2, 0.0, 0.3, 0.1, -0.1, 0.4, -0.4, 0.0, 0.2, -0.3, 0.1])
+    eq = decide(design, flat)
+    assert len(eq) == 1 and eq[0].decision == "equivalent" and -5 < eq[0].ci90[0] < eq[0].ci90[1] < 5
+    # noise of 20 points around +3: on to the maximum, undecided, with the seeds a decision is expected to need
+    rng = np.random.default_rng(3)
+    noisy = 3 + rng.normal(0, 20, 16)
+    last = decide(design, noisy)
+    assert [x.seeds for x in last] == [8, 12, 16] and last[-1].decision == "undecided"
+    assert last[-1].seeds_to_decide is None or last[-1].seeds_to_decide > 16
+
+
+def test_the_error_rate_under_no_difference_stays_at_alpha_in_simulation():
+    """400 campaigns of symmetric differences (no effect), looks at 8, 12 and 16 seeds: at most 5 % (plus two
+    standard errors of the simulation) end better or worse; under an effect of one spread most do."""
+    design = Design("c", "a", "b", "auc", (8, 12, 16))
+    rng = np.random.default_rng(0)
+    wrong = sum(decide(design, rng.normal(0, 6, 16), estimate=False)[-1].decision in ("better", "worse")
+                for _ in range(400))
+    assert wrong / 400 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 400)
+    found = sum(decide(design, rng.normal(6, 6, 16), estimate=False)[-1].decision == "better" for _ in range(100))
+    assert found >= 80
