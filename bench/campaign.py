@@ -15,15 +15,36 @@ never moves the efficacy boundary) when both one-sided sign-flip tests of the sh
 look's increment of alpha and the 90 % t-interval is inside +-delta; else the campaign goes on to the next look,
 and at the last one it is *undecided*, with the seeds a simulation expects a decision to need. A seed whose run
 crashed counts: its arm scores 0 at every iteration it did not evaluate.
+
+    python -m bench.campaign CLAIM --jobs 2 --cores 1          # run the next batch, record it, decide
+    python -m bench.campaign CLAIM --report-only               # decide from what is recorded
+
+A claim is a folder `docs/data/claims/<CLAIM>/` holding `design.yaml` (the `Design`'s keys, plus `params`: the
+config file, `sets`: overrides for every run, and `arms`: {label: [credit method, KEY=VALUE ...]} for the method
+and the baseline). Each finished run is recorded there as `runs/<label>_s<seed>/` (its per-task held-out success,
+`task_success.csv`; its params; `run.json`: status, CPU, bf16 flags, commit, wall seconds), small files to commit
+as they land, so that a campaign goes on after a restart on another machine. The runner takes the seeds the next
+look needs that are not recorded, runs both arms of each (`bench.learning`: one initial policy and first rollout
+per seed through `run.base`, on this machine: a pair never spans two machines), records them, and writes
+`looks.csv`, one row per look reached, the last one's decision the campaign's.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from dataclasses import dataclass, field
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
+import polars as pl
+import yaml
 
 from bench.verdicts import DELTA, equivalence_p, interval, seeds_to_decide, sign_patterns
 
@@ -95,7 +116,7 @@ def boundaries(d: np.ndarray, looks: tuple[int, ...], max_seeds: int, alpha: flo
             crossed |= stats[j] >= c - tol
         budget = spent(n / max_seeds, alpha) * len(signs)
         free = np.sort(stats[k][~crossed])[::-1]          # the patterns not yet crossed, largest |mean| first
-        room = int(math.floor(budget - crossed.sum() + 1e-9))
+        room = math.floor(budget - crossed.sum() + 1e-9)
         if room <= 0 or not len(free):
             out.append(math.inf)
             continue
@@ -152,3 +173,204 @@ def decide(design: Design, d: np.ndarray, estimate: bool = True) -> list[Look]:
         if decision != "continue":
             break
     return looks
+
+
+CLAIMS = Path(__file__).resolve().parents[1] / "docs" / "data" / "claims"
+DESIGN_KEYS = {f.name for f in fields(Design)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    design: Design
+    params: Path                   # the config every run starts from
+    sets: tuple[str, ...]          # overrides for every run
+    arms: dict                     # label -> [credit method, KEY=VALUE ...]
+    folder: Path
+
+
+def load_claim(folder: Path) -> Claim:
+    """The claim in `folder` (its design.yaml), checked before any run: one clear error naming the file and key."""
+    f = folder / "design.yaml"
+    if not f.is_file():
+        raise SystemExit(f"error: {f}: no design.yaml; a claim folder holds one (bench/campaign.py)")
+    raw = yaml.safe_load(f.read_text()) or {}
+    for key in ("params", "arms", "claim", "method", "baseline", "metric", "looks"):
+        if key not in raw:
+            raise SystemExit(f"error: {f}: key {key!r} is missing")
+    arms = raw["arms"]
+    for label in (raw["method"], raw["baseline"]):
+        if label not in arms or not arms[label]:
+            raise SystemExit(f"error: {f}: arms has no {label!r} (the method and the baseline each need [credit "
+                             f"method, KEY=VALUE ...])")
+    unknown = set(raw) - DESIGN_KEYS - {"params", "sets", "arms"}
+    if unknown:
+        raise SystemExit(f"error: {f}: unknown keys {sorted(unknown)}")
+    try:
+        design = Design(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in DESIGN_KEYS})
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"error: {f}: {e}") from None
+    root = Path(__file__).resolve().parents[1]
+    params = Path(raw["params"]) if Path(raw["params"]).is_absolute() else root / raw["params"]
+    if not params.is_file():
+        raise SystemExit(f"error: {f}: params {raw['params']!r} is not a file")
+    return Claim(design, params, tuple(raw.get("sets", [])), arms, folder)
+
+
+def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
+    """The recorded runs: (label, seed) -> (per-task success table, run.json)."""
+    out = {}
+    for d in sorted((claim.folder / "runs").glob("*_s*")):
+        label, _, seed = d.name.rpartition("_s")
+        if (d / "task_success.csv").is_file() and (d / "run.json").is_file():
+            out[(label, int(seed))] = (pl.read_csv(d / "task_success.csv"), json.loads((d / "run.json").read_text()))
+    return out
+
+
+def differences(claim: Claim, runs: dict) -> tuple[list[int], np.ndarray]:
+    """The seeds (in the design's order, as far as both arms are recorded without a gap) and their paired
+    differences in the primary metric, points. A crashed arm scores 0 at every iteration its pair evaluated and
+    it did not; a pair whose arms ran on different CPUs is refused."""
+    from bench.verdicts import seed_pair
+
+    design = claim.design
+    seeds, d = [], []
+    for s in design.seeds:
+        a, b = runs.get((design.method, s)), runs.get((design.baseline, s))
+        if a is None or b is None:
+            break
+        if a[1].get("cpu") != b[1].get("cpu"):
+            raise SystemExit(f"error: {claim.folder}: seed {s}'s arms ran on {a[1].get('cpu')!r} and "
+                             f"{b[1].get('cpu')!r}; a pair is compared within one machine")
+        ta, tb = a[0], b[0]
+        its = sorted(set(ta["iteration"].to_list()) | set(tb["iteration"].to_list()))
+        tasks = sorted(set(ta["task_id"].to_list()) & set(tb["task_id"].to_list()))
+
+        final, auc, _ = seed_pair(_matrix(ta, its, tasks), _matrix(tb, its, tasks), its)
+        seeds.append(s)
+        d.append(100.0 * float((final if design.metric == "final" else auc).mean()))
+    return seeds, np.array(d)
+
+
+def _matrix(t: pl.DataFrame, its: list[int], tasks: list) -> np.ndarray:
+    """Iterations x tasks success of a recorded run, 0 where it did not evaluate (a crashed run)."""
+    m = np.zeros((len(its), len(tasks)))
+    where = {(int(r["iteration"]), r["task_id"]): r["success"] for r in t.iter_rows(named=True)}
+    for i, it in enumerate(its):
+        for j, task in enumerate(tasks):
+            m[i, j] = where.get((it, task), 0.0)
+    return m
+
+
+def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall_s: float) -> None:
+    """Copy a finished (or crashed) run's per-task success, params and provenance into the claim's folder."""
+    from bench.verdicts import evaluated_iterations, task_success
+    from pipeline.model.precision import CPU_BF16_FLAGS, cpu_flags
+
+    results = run_dir / "results"
+    its = evaluated_iterations(results) if results.is_dir() else []
+    table = task_success(results, its) if its else pl.DataFrame(
+        schema={"iteration": pl.Int64, "task_id": pl.Int64, "success": pl.Float64})
+    out = claim.folder / "runs" / f"{label}_s{seed}"
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    table.write_csv(tmp / "task_success.csv")
+    if (run_dir / "params.yaml").is_file():
+        shutil.copy(run_dir / "params.yaml", tmp / "params.yaml")
+    flags = cpu_flags()
+    from bench import cpu_name
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    (tmp / "run.json").write_text(json.dumps({
+        "status": status, "cpu": cpu_name(), "bf16_flags": [f for f in CPU_BF16_FLAGS if f in flags],
+        "machine": platform.node(), "commit": commit, "wall_s": round(wall_s, 1),
+        "iterations": its}, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def next_batch(claim: Claim, runs: dict) -> list[int]:
+    """The seeds of the next look that are not recorded for both arms (in the design's order)."""
+    design = claim.design
+    seeds, _ = differences(claim, runs)
+    reached = [n for n in design.looks if n <= len(seeds)]
+    if reached and decide(design, differences(claim, runs)[1], estimate=False)[-1].decision != "continue":
+        return []
+    target = next((n for n in design.looks if n > len(seeds)), None)
+    if target is None:
+        return []
+    return [s for s in design.seeds[:target] if (design.method, s) not in runs or (design.baseline, s) not in runs]
+
+
+def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int) -> None:
+    """Both arms of every seed in `seeds` (bench.learning's runs from one initial policy per seed), each recorded
+    as it ends, crashed or not."""
+    from bench import learning
+
+    arms = {label: (spec[0], list(spec[1:])) for label, spec in claim.arms.items()
+            if label in (claim.design.method, claim.design.baseline)}
+    started = time.perf_counter()
+    try:
+        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms)
+    except RuntimeError as e:            # some runs failed: they are recorded as crashed, and count
+        print(f"campaign: {e}", flush=True)
+    wall = time.perf_counter() - started
+    for s in seeds:
+        for label in arms:
+            d = work / f"{label}_s{s}"
+            record(claim, label, s, d, "ok" if _finished(d) else "crashed", wall)
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run evaluated its last iteration."""
+    f = run_dir / "params.yaml"
+    if not f.is_file():
+        return False
+    last = (yaml.safe_load(f.read_text()) or {}).get("loop", {}).get("iterations", 6)
+    return (run_dir / "results" / f"iter_{last}" / "eval.parquet").is_file()
+
+
+def report(claim: Claim, estimate: bool = True) -> list[Look]:
+    runs = recorded(claim)
+    seeds, d = differences(claim, runs)
+    rows = []
+    looks = decide(claim.design, d, estimate) if len(seeds) >= claim.design.looks[0] else []
+    for x in looks:
+        rows.append({**{k: v for k, v in asdict(x).items() if k != "ci90"}, "ci90_low": x.ci90[0],
+                     "ci90_high": x.ci90[1]})
+    from pipeline.data.tables import write_text_atomic
+
+    if rows:
+        write_text_atomic(claim.folder / "looks.csv", pl.DataFrame(rows).write_csv())
+    d_text = ", ".join(f"{v:+.1f}" for v in d)
+    print(f"{claim.design.claim}: {len(seeds)} of {claim.design.max_seeds} seeds paired ({d_text})")
+    for x in looks:
+        print(f"  look at {x.seeds} seeds: mean {x.mean:+.1f} points, boundary {x.boundary:.2f}, alpha spent "
+              f"{x.alpha_spent:.4f}, equivalence p {x.p_equivalence:.3f}: {x.decision}"
+              + (f" (about {x.seeds_to_decide} seeds expected to decide)" if x.seeds_to_decide else ""))
+    return looks
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("claim", help="a folder under docs/data/claims/ (or a path to one)")
+    ap.add_argument("--work", type=Path, default=Path("results/bench/claims"), help="where the runs live")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=1)
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args(argv)
+    folder = Path(a.claim) if Path(a.claim).is_dir() else CLAIMS / a.claim
+    claim = load_claim(folder)
+    while not a.report_only:
+        batch = next_batch(claim, recorded(claim))
+        if not batch:
+            break
+        print(f"campaign {claim.design.claim}: running seeds {batch}", flush=True)
+        run_batch(claim, batch, a.work / claim.design.claim, a.jobs, a.cores)
+        report(claim, estimate=False)
+    report(claim)
+
+
+if __name__ == "__main__":
+    main()

@@ -330,6 +330,15 @@ def auc_weights(iterations: list[int], shared: int) -> np.ndarray:
     return w / w.sum()
 
 
+def seed_pair(ma: np.ndarray, mb: np.ndarray, its: list[int]) -> tuple[np.ndarray, np.ndarray, str]:
+    """One seed's per-task differences of two runs (`ma`, `mb`: iterations `its` x tasks): at the last iteration
+    (final) and over the iterations they do not share (auc, `auc_weights`), and which iterations those are."""
+    k = min(shared_iterations(ma, mb, its), len(its) - 1)   # identical throughout: the last one (difference 0)
+    w = auc_weights(its, k)
+    span = f"{its[k]}-{its[-1]}" if its[k] != its[-1] else f"{its[-1]}"
+    return ma[-1] - mb[-1], w @ ma[k:] - w @ mb[k:], span
+
+
 def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str, primary: str = "auc",
                     delta: float = DELTA) -> tuple[list[Verdict], str]:
     """Every method against `baseline` on the seeds both ran, from each run's `task_success` table (keyed by
@@ -373,13 +382,11 @@ def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str, 
             if last != {its[-1]}:
                 warnings.append(f"seed {s}: {m} against {baseline} is final at iteration {its[-1]}, the last both "
                                 f"evaluated; the runs end at {' and '.join(map(str, sorted(last)))}.")
-            ma, mb = matrix(a, its), matrix(b, its)
-            k = min(shared_iterations(ma, mb, its), len(its) - 1)   # identical throughout: the last one (0)
-            w = auc_weights(its, k)
-            final.append(ma[-1] - mb[-1])
-            auc.append(w @ ma[k:] - w @ mb[k:])
+            f, u, span = seed_pair(matrix(a, its), matrix(b, its), its)
+            final.append(f)
+            auc.append(u)
             finals.add(its[-1])
-            spans.add(f"{its[k]}-{its[-1]}" if its[k] != its[-1] else f"{its[-1]}")
+            spans.add(span)
         if final:
             found.append((m, "final", final, "iteration " + ", ".join(map(str, sorted(finals)))))
             found.append((m, "auc", auc, "iterations " + ", ".join(sorted(spans))))

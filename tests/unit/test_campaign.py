@@ -73,3 +73,93 @@ def test_the_error_rate_under_no_difference_stays_at_alpha_in_simulation():
     assert wrong / 400 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 400)
     found = sum(decide(design, rng.normal(6, 6, 16), estimate=False)[-1].decision == "better" for _ in range(100))
     assert found >= 80
+
+
+def _claim_folder(tmp_path, looks=(8, 12)):
+    import yaml
+
+    folder = tmp_path / "claim"
+    folder.mkdir()
+    (folder / "design.yaml").write_text(yaml.safe_dump({
+        "claim": "gigpo-sokoban", "method": "gigpo", "baseline": "grpo", "metric": "final", "looks": list(looks),
+        "params": "params.yaml", "arms": {"gigpo": ["gigpo"], "grpo": ["grpo"]}}))
+    return folder
+
+
+def _record(folder, label, seed, finals, cpu="AMD EPYC", iterations=(0, 1)):
+    import json
+
+    import polars as pl
+
+    d = folder / "runs" / f"{label}_s{seed}"
+    d.mkdir(parents=True)
+    rows = [{"iteration": it, "task_id": t, "success": 0.5 if it == 0 else s}
+            for it in iterations for t, s in enumerate(finals)]
+    pl.DataFrame(rows).write_csv(d / "task_success.csv")
+    (d / "run.json").write_text(json.dumps({"status": "ok", "cpu": cpu}))
+
+
+def test_a_campaign_resumes_from_its_records_and_asks_for_the_next_look(tmp_path):
+    """Eight recorded pairs, GiGPO +25 points on six seeds and -25 on two (two tasks, 0.75 or 0.25 against 0.5):
+    at 8 seeds of 12, spent(2/3) x 256 = 4.2 patterns may cross; only the two extreme ones (|mean| 25) fit, the
+    observed 12.5 does not: the next batch is seeds 8-11, and a seed recorded for one arm only is asked for again.
+    Had every seed been +25, the observed pattern would be an extreme one: better at the first look."""
+    import shutil
+
+    from bench.campaign import differences, load_claim, next_batch, recorded, report
+
+    folder = _claim_folder(tmp_path)
+    for s in range(8):
+        _record(folder, "gigpo", s, [0.75, 0.75] if s < 6 else [0.25, 0.25])
+        _record(folder, "grpo", s, [0.5, 0.5])
+    _record(folder, "gigpo", 8, [1.0, 1.0])
+    claim = load_claim(folder)
+    runs = recorded(claim)
+    seeds, d = differences(claim, runs)
+    assert seeds == list(range(8)) and d.tolist() == [25.0] * 6 + [-25.0] * 2
+    assert next_batch(claim, runs) == [8, 9, 10, 11]
+    looks = report(claim)
+    assert [x.decision for x in looks] == ["continue"] and looks[0].boundary == pytest.approx(25.0)
+    assert (folder / "looks.csv").is_file()
+    for s in (6, 7):
+        shutil.rmtree(folder / "runs" / f"gigpo_s{s}")
+        _record(folder, "gigpo", s, [0.75, 0.75])
+    assert [x.decision for x in report(claim)] == ["better"] and next_batch(claim, recorded(claim)) == []
+
+
+def test_a_crashed_arm_scores_zero_and_a_pair_stays_on_one_machine(tmp_path):
+    from bench.campaign import differences, load_claim, recorded
+
+    folder = _claim_folder(tmp_path)
+    _record(folder, "gigpo", 0, [1.0, 1.0], iterations=(0,))       # crashed after iteration 0
+    _record(folder, "grpo", 0, [0.5, 1.0])
+    _record(folder, "gigpo", 1, [1.0, 1.0], cpu="Intel Xeon")
+    _record(folder, "grpo", 1, [0.5, 1.0])
+    claim = load_claim(folder)
+    with pytest.raises(SystemExit, match="seed 1's arms ran on 'Intel Xeon' and 'AMD EPYC'; a pair is compared "
+                       "within one machine"):
+        differences(claim, recorded(claim))
+    import shutil
+
+    shutil.rmtree(folder / "runs" / "gigpo_s1")
+    seeds, d = differences(claim, recorded(claim))
+    # gigpo evaluated iteration 0 only: at iteration 1 it scores 0 on both tasks, against 0.5 and 1.0
+    assert seeds == [0] and d.tolist() == [-75.0]
+
+
+def test_a_claim_folder_is_checked_by_key(tmp_path):
+    import yaml
+
+    from bench.campaign import load_claim
+
+    folder = _claim_folder(tmp_path)
+    raw = yaml.safe_load((folder / "design.yaml").read_text())
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "arms": {"gigpo": ["gigpo"]}}))
+    with pytest.raises(SystemExit, match=r"design.yaml: arms has no 'grpo'"):
+        load_claim(folder)
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "looks": [4, 8]}))
+    with pytest.raises(SystemExit, match=r"design.yaml: design gigpo-sokoban: the first look at 4 seeds"):
+        load_claim(folder)
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "seeds": 3}))
+    with pytest.raises(SystemExit, match=r"unknown keys \['seeds'\]"):
+        load_claim(folder)
