@@ -36,7 +36,7 @@ from pipeline.config.params import load_params
 from pipeline.data.batches import minibatches
 from pipeline.data.tables import STEPS, atomic_file, read_table
 from pipeline.model.packing import micro_batches, packed_tokens, padded_tokens
-from pipeline.model.precision import resolve_params
+from pipeline.model.policy import resolve_params
 from pipeline.workflow.runs import run_folder
 
 

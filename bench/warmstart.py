@@ -64,7 +64,7 @@ def measure(params_path: Path, sets: list[str], steps: int, count_steps: int = 0
 
     from pipeline.data.seeds import stage_seed
     from pipeline.model.gguf_import import load_pretrained, load_tokenizer
-    from pipeline.model.precision import resolve_params
+    from pipeline.model.policy import resolve_params
     from pipeline.rollout.warmstart import demonstrations, supervised_warmstart
 
     p = load_params(params_path)

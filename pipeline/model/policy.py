@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from pipeline.data.paths import INITIAL_CHECKPOINT, at, strip_dir
 from pipeline.data.seeds import mix_seed
-from pipeline.model.precision import DTYPES, autocast, frozen_in_compute_dtype, mark
+from pipeline.model.precision import DTYPES, RECORD, autocast, frozen_in_compute_dtype, mark, read_record, resolve
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -84,6 +85,22 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"runtime.device is {name!r}, but torch sees {torch.cuda.device_count()} GPU(s)")
     return device
+
+
+def resolve_params(params, fresh: bool = False):
+    """`params` with `policy.dtype` concrete, and why: `auto` as the run's record beside iteration 0's checkpoint says
+    (`fresh`: resolved here, as the init stage does, which writes that record), else as this machine resolves it."""
+    if params.policy.dtype != "auto":
+        return params, f"policy.dtype {params.policy.dtype}"
+    folder = Path(strip_dir(at(params, INITIAL_CHECKPOINT)))
+    record = None if fresh else read_record(folder)
+    if record is not None:
+        dtype, why = record["dtype"], f"policy.dtype auto, as the run's initial policy ({record['why']})"
+    else:
+        dtype, why = resolve("auto", resolve_device(params.runtime.device))
+        if not fresh:
+            why += f" (no {RECORD} in {folder}: resolved on this machine)"
+    return params.model_copy(update={"policy": params.policy.model_copy(update={"dtype": dtype})}), why
 
 
 ADAPTER_CONFIG = "adapter_config.json"

@@ -10,7 +10,8 @@ small gradients do not flush to zero; a step whose scaled gradients overflow is 
 `policy.dtype: auto` is bf16 where the device computes it natively (`native_bf16`: a CUDA GPU of compute
 capability 8.0 or later; a CPU with the `avx512_bf16` or `amx_bf16` instructions), fp32 elsewhere. The run decides
 once: the init stage resolves it on its machine and records the outcome beside iteration 0's checkpoint
-(`RECORD`); every later stage of the run computes in the recorded dtype (`resolved`), whichever machine it runs on,
+(`RECORD`); every later stage of the run computes in the recorded dtype (`pipeline.model.policy.resolve_params`),
+whichever machine it runs on,
 so that one run never mixes precisions (docs/models.md, Precision).
 """
 
@@ -64,25 +65,6 @@ def resolve(name: str, device: torch.device, flags: set[str] | None = None) -> t
         return name, f"policy.dtype {name}"
     native, why = native_bf16(device, flags)
     return ("bfloat16" if native else "float32"), f"policy.dtype auto: {why}"
-
-
-def resolve_params(params, fresh: bool = False):
-    """`params` with `policy.dtype` concrete, and why: `auto` as the run's record beside iteration 0's checkpoint says
-    (`fresh`: resolved here, as the init stage does, which writes that record), else as this machine resolves it."""
-    from pipeline.data.paths import INITIAL_CHECKPOINT, at, strip_dir
-    from pipeline.model.policy import resolve_device
-
-    if params.policy.dtype != "auto":
-        return params, f"policy.dtype {params.policy.dtype}"
-    folder = Path(strip_dir(at(params, INITIAL_CHECKPOINT)))
-    record = None if fresh else read_record(folder)
-    if record is not None:
-        dtype, why = record["dtype"], f"policy.dtype auto, as the run's initial policy ({record['why']})"
-    else:
-        dtype, why = resolve("auto", resolve_device(params.runtime.device))
-        if not fresh:
-            why += f" (no {RECORD} in {folder}: resolved on this machine)"
-    return params.model_copy(update={"policy": params.policy.model_copy(update={"dtype": dtype})}), why
 
 
 def write_record(folder: Path, requested: str, dtype: str, why: str) -> None:

@@ -16,6 +16,7 @@ from pipeline.data.paths import at, fill, strip_dir
 from pipeline.data.tables import TableError
 from pipeline.workflow import threads
 from pipeline.workflow.records import forget_snakemake_records, job_outputs, keep_snakemake_records
+from pipeline.workflow.registry import STAGE_BY_NAME
 
 
 @dataclass
@@ -72,7 +73,7 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
     threads.apply(n)                                          # stages/__init__.py exported it before any import
     requested, why = params.policy.dtype, f"policy.dtype {params.policy.dtype}"
     if requested == "auto" and _loads_model(stage):       # the others neither compute with a model nor import torch
-        from pipeline.model.precision import resolve_params
+        from pipeline.model.policy import resolve_params  # start-up cost: torch, only for stages with a model
         try:
             params, why = resolve_params(params, fresh=stage == "init")
         except ValueError as e:
@@ -86,7 +87,6 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
 
 
 def _loads_model(stage: str) -> bool:
-    from pipeline.workflow.registry import STAGE_BY_NAME
     return STAGE_BY_NAME[stage].loads_model
 
 

@@ -94,7 +94,8 @@ def _same_precision(params: Params, base: Params, root: Path) -> None:
     another precision. A base without a record, or a device this machine cannot see, is not checked."""
     if params.policy.dtype != "auto" or base.policy.dtype != "auto":
         return          # explicit dtypes: a difference is a difference of params, and nothing is reused
-    from pipeline.model.precision import RECORD, read_record, resolve_params
+    from pipeline.model.policy import resolve_params  # start-up cost: torch, only for an auto run.base
+    from pipeline.model.precision import RECORD, read_record  # start-up cost: torch, as above
 
     folder = root / strip_dir(at(base, INITIAL_CHECKPOINT))
     record = read_record(folder)

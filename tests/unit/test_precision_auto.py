@@ -13,7 +13,8 @@ import yaml
 
 from pipeline.config.params import Params, load_params
 from pipeline.model import precision
-from pipeline.model.precision import RECORD, cpu_flags, native_bf16, resolve, resolve_params
+from pipeline.model.policy import resolve_params
+from pipeline.model.precision import RECORD, cpu_flags, native_bf16, resolve
 
 CPU = torch.device("cpu")
 
