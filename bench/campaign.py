@@ -46,7 +46,17 @@ import numpy as np
 import polars as pl
 import yaml
 
-from bench.verdicts import DELTA, equivalence_p, interval, seeds_to_decide, sign_patterns
+from bench import cpu_name
+from bench.verdicts import (
+    DELTA,
+    equivalence_p,
+    evaluated_iterations,
+    interval,
+    seed_pair,
+    seeds_to_decide,
+    sign_patterns,
+    task_success,
+)
 
 EXACT_UP_TO = 16          # seeds whose 2^n sign patterns are enumerated at a look
 RANDOM_PATTERNS = 100_000
@@ -230,8 +240,6 @@ def differences(claim: Claim, runs: dict) -> tuple[list[int], np.ndarray]:
     """The seeds (in the design's order, as far as both arms are recorded without a gap) and their paired
     differences in the primary metric, points. A crashed arm scores 0 at every iteration its pair evaluated and
     it did not; a pair whose arms ran on different CPUs is refused."""
-    from bench.verdicts import seed_pair
-
     design = claim.design
     seeds, d = [], []
     for s in design.seeds:
@@ -263,8 +271,7 @@ def _matrix(t: pl.DataFrame, its: list[int], tasks: list) -> np.ndarray:
 
 def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall_s: float) -> None:
     """Copy a finished (or crashed) run's per-task success, params and provenance into the claim's folder."""
-    from bench.verdicts import evaluated_iterations, task_success
-    from pipeline.model.precision import CPU_BF16_FLAGS, cpu_flags
+    from pipeline.model.precision import cpu_bf16_flags  # start-up cost: torch, for a run being recorded
 
     results = run_dir / "results"
     its = evaluated_iterations(results) if results.is_dir() else []
@@ -277,13 +284,10 @@ def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall
     table.write_csv(tmp / "task_success.csv")
     if (run_dir / "params.yaml").is_file():
         shutil.copy(run_dir / "params.yaml", tmp / "params.yaml")
-    flags = cpu_flags()
-    from bench import cpu_name
-
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     (tmp / "run.json").write_text(json.dumps({
-        "status": status, "cpu": cpu_name(), "bf16_flags": [f for f in CPU_BF16_FLAGS if f in flags],
+        "status": status, "cpu": cpu_name(), "bf16_flags": cpu_bf16_flags(),
         "machine": platform.node(), "commit": commit, "wall_s": round(wall_s, 1),
         "iterations": its}, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -293,9 +297,9 @@ def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall
 def next_batch(claim: Claim, runs: dict) -> list[int]:
     """The seeds of the next look that are not recorded for both arms (in the design's order)."""
     design = claim.design
-    seeds, _ = differences(claim, runs)
-    reached = [n for n in design.looks if n <= len(seeds)]
-    if reached and decide(design, differences(claim, runs)[1], estimate=False)[-1].decision != "continue":
+    seeds, d = differences(claim, runs)
+    looks = decide(design, d, estimate=False)          # none before the first look
+    if looks and looks[-1].decision != "continue":
         return []
     target = next((n for n in design.looks if n > len(seeds)), None)
     if target is None:
@@ -335,7 +339,7 @@ def report(claim: Claim, estimate: bool = True) -> list[Look]:
     runs = recorded(claim)
     seeds, d = differences(claim, runs)
     rows = []
-    looks = decide(claim.design, d, estimate) if len(seeds) >= claim.design.looks[0] else []
+    looks = decide(claim.design, d, estimate)           # none before the first look
     for x in looks:
         rows.append({**{k: v for k, v in asdict(x).items() if k != "ci90"}, "ci90_low": x.ci90[0],
                      "ci90_high": x.ci90[1]})

@@ -41,7 +41,7 @@ import yaml
 from bench import cpu_name
 from pipeline.config.params import load_params, with_overrides
 from pipeline.data.tables import ADVANTAGES, STEPS, read_table
-from pipeline.model.precision import CPU_BF16_FLAGS, cpu_flags
+from pipeline.model.precision import cpu_bf16_flags
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm", "aten::_mm")
 ATTENTION = ("scaled_dot_product", "flash_attention", "_efficient_attention", "attention")
@@ -166,8 +166,7 @@ def profile_warmstart(params, steps: int, dtype: str) -> tuple[float, object]:
 
 
 def machine() -> dict[str, str]:
-    flags = cpu_flags()
-    return {"cpu": cpu_name(), "bf16_flags": " ".join(f for f in CPU_BF16_FLAGS if f in flags) or "none",
+    return {"cpu": cpu_name(), "bf16_flags": " ".join(cpu_bf16_flags()) or "none",
             "threads": str(torch.get_num_threads())}
 
 

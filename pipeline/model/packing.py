@@ -321,7 +321,7 @@ def _cpu_kernel(device):
     """On a CPU, SDPA's kernel `ATTENTION["cpu_kernel"]`: the math one computes the scores with matrix products,
     as accurate as the flash kernel in bf16, and on short paths of narrow heads (SmolLM2's: 64 wide) the faster of
     the two in bf16 (docs/results.md, bf16 on a CPU; `bench.precision`); elsewhere SDPA picks."""
-    if device.type != "cpu" or ATTENTION.get("cpu_kernel", "math") != "math":
+    if device.type != "cpu" or ATTENTION["cpu_kernel"] != "math":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -43,6 +43,12 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
+def cpu_bf16_flags(flags: set[str] | None = None) -> list[str]:
+    """Which of `CPU_BF16_FLAGS` the CPU has (`flags`: its flags, read from /proc/cpuinfo when None)."""
+    flags = cpu_flags() if flags is None else flags
+    return [f for f in CPU_BF16_FLAGS if f in flags]
+
+
 def native_bf16(device: torch.device, flags: set[str] | None = None) -> tuple[bool, str]:
     """Whether `device` computes bf16 natively, and the evidence in words. A CPU does where it has one of
     `CPU_BF16_FLAGS` (`flags`: the CPU's, read from /proc/cpuinfo when None); a CUDA GPU from compute capability 8.0
@@ -52,8 +58,7 @@ def native_bf16(device: torch.device, flags: set[str] | None = None) -> tuple[bo
         name = torch.cuda.get_device_name(device)
         return major >= 8, f"{name}, compute capability {major}.{minor}"
     if device.type == "cpu":
-        flags = cpu_flags() if flags is None else flags
-        have = [f for f in CPU_BF16_FLAGS if f in flags]
+        have = cpu_bf16_flags(flags)
         return bool(have), ("CPU flags " + ", ".join(have) if have
                             else "CPU without " + " or ".join(CPU_BF16_FLAGS))
     return False, f"{device.type} device"

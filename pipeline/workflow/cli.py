@@ -72,7 +72,7 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
     n = threads.resolve(params.runtime.torch_threads)
     threads.apply(n)                                          # stages/__init__.py exported it before any import
     requested, why = params.policy.dtype, f"policy.dtype {params.policy.dtype}"
-    if requested == "auto" and _loads_model(stage):       # the others neither compute with a model nor import torch
+    if requested == "auto" and STAGE_BY_NAME[stage].loads_model:       # the others neither compute with a model nor import torch
         from pipeline.model.policy import resolve_params  # start-up cost: torch, only for stages with a model
         try:
             params, why = resolve_params(params, fresh=stage == "init")
@@ -84,10 +84,6 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
     if requested == "auto" and params.policy.dtype != "auto":
         ctx.log(f"computing in {params.policy.dtype} ({why})")
     return ctx
-
-
-def _loads_model(stage: str) -> bool:
-    return STAGE_BY_NAME[stage].loads_model
 
 
 @contextmanager
