@@ -1,8 +1,8 @@
-"""Benchmark: the search environment's BM25 retriever (`pipeline.envs.search_index`) on generated corpora.
+"""Benchmark: the search environment's BM25 retriever (`pipeline.envs.search.index`) on generated corpora.
 
     python -m bench.retrieval --sizes 10000 100000 --queries 2000      # writes results/bench/retrieval.csv
 
-For each size, a world of the generator's kinds scaled to about that many passages (`pipeline.envs.search_world`);
+For each size, a world of the generator's kinds scaled to about that many passages (`pipeline.envs.search.world`);
 then, on one thread of this process: the index's build from the texts (tokenising included), its save to the
 cache and its load from there (what every later stage does), and `--queries` searches at k = 3, once with the
 expert's queries (entity names, 2-3 terms) and once with whole questions (8-15 terms), each query new to the
@@ -23,7 +23,7 @@ import polars as pl
 
 from bench import cpu_name
 from pipeline.data.tables import write_text_atomic
-from pipeline.envs import search_world
+from pipeline.envs.search import world as search_world
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from pipeline.envs.search_index import Retriever, _cached
+    from pipeline.envs.search.index import Retriever, _cached
 
     rows = []
     for size in args.sizes:

@@ -2,7 +2,7 @@
 
 Started that way, this package sets the stage's thread count from `runtime.torch_threads` before the stage module
 imports torch, numpy or polars (`pipeline.workflow.threads`); with a fork server (`runtime.fork_server`) it hands
-the command to the server instead (`pipeline.workflow.forkserver`). Importing a stage module as a library changes
+the command to the server instead (`pipeline.workflow.launcher`). Importing a stage module as a library changes
 nothing.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 if sys.argv and sys.argv[0] == "-m":   # `python -m stages.X`: runpy is still locating the module
     if os.environ.get("CREDITRL_FORK_SERVER"):  # runtime.fork_server: a fork of the server runs it, if one answers
-        from pipeline.workflow.forkserver import delegate, launched_stage
+        from pipeline.workflow.launcher import delegate, launched_stage
 
         if (launched := launched_stage()) is not None:
             delegate(*launched)

@@ -1,7 +1,8 @@
 """The environment interface every stage talks to, and the environment registry.
 
-An environment is one module in `pipeline/envs/` that calls `register(EnvSpec(...))` with its name, its params
-section (`env.<field>`, chosen by `env.name`) and a factory. The environment itself:
+An environment is one module in `pipeline/envs/`, or a package there whose `env` module does it, that calls
+`register(EnvSpec(...))` with its name, its params section (`env.<field>`, chosen by `env.name`) and a factory.
+The environment itself:
 
 - `reset(task)` starts the task with that seed and returns an `Observation`: the text the policy sees, the anchor
   (the environment's own key of the state, docs/credit-assignment.md, Terms), and the commands admissible now;
@@ -129,23 +130,31 @@ _REGISTRY: dict[str, EnvSpec] = {}
 
 
 def register(spec: EnvSpec) -> EnvSpec:
+    """Add an environment; a name registered by another module is an error (the same module imported again is
+    not)."""
+    known = _REGISTRY.get(spec.name)
+    if known is not None and known.make.__module__ != spec.make.__module__:
+        raise ValueError(f"environment {spec.name!r} is registered twice: by {known.make.__module__} and by "
+                         f"{spec.make.__module__}")
     _REGISTRY[spec.name] = spec
     return spec
 
 
 _DISCOVERED = False
-# modules not imported to find environments (sql_ast: sqlglot, slow; search_oracle: the search environment's part)
-_SUPPORT = {"base", "actions", "sql_ast", "search_oracle"}
 
 
 def registered() -> dict[str, EnvSpec]:
-    """Every environment module's spec; the modules are imported once (one imported directly before does not stop
-    the others from being found)."""
+    """Every environment's spec. An environment is a module `pipeline/envs/<name>.py` or a package
+    `pipeline/envs/<name>/` whose `env` module registers it; discovery imports those and nothing else of a package
+    (its data generator, index or oracle load when the environment uses them). Imported once (a module imported
+    directly before does not stop the others from being found)."""
     global _DISCOVERED
     if not _DISCOVERED:
         for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            if m.name not in _SUPPORT:
-                importlib.import_module(f"pipeline.envs.{m.name}")
+            if m.ispkg and importlib.util.find_spec(f"pipeline.envs.{m.name}.env") is None:
+                raise ValueError(f"pipeline/envs/{m.name}/: an environment package needs an env module that "
+                                 f"registers it (pipeline/envs/{m.name}/env.py)")
+            importlib.import_module(f"pipeline.envs.{m.name}" + (".env" if m.ispkg else ""))
         _DISCOVERED = True
     return dict(_REGISTRY)
 

@@ -5,7 +5,7 @@ its prompt (docs/environments.md, "Demonstrations in the prompt").
 The pool is `prompt.demonstration_pool` expert episodes on warm-start tasks (`pipeline.data.seeds`: the warm
 start's stream, never a training rollout's or a held-out task), played once per run and kept in the run's
 environment cache (`results/envs/demonstrations-<hash>.json`, the hash of the environment's params, the seed and
-the pool size); the later stages read it. Similarity is BM25 (`pipeline.envs.search_index`) between the current
+the pool size); the later stages read it. Similarity is BM25 (`pipeline.envs.search.index`) between the current
 task's text and each pool task's text; a pool task with the same text as the current one is never shown (in
 training it would show the answer). A demonstration is the task's short text (`task_brief()` where the environment
 has it, else its description) and each expert action with the observation it led to. The demonstrations open the
@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.data.seeds import task_seed
 from pipeline.data.tables import write_text_atomic
 from pipeline.envs.base import CACHE_DIR, Env, has, make_env, require
-from pipeline.envs.search_index import Retriever
+from pipeline.envs.search.index import Retriever
 
 OBSERVATION_CHARS = 300     # a demonstration's observation is cut at this many characters
 

@@ -3,8 +3,8 @@
 A stage process spends about 4 CPU-seconds importing torch and transformers before its first line of work; on the
 tiny configurations that is most of every job. With `runtime.fork_server: true` the Snakefile's `onstart` starts
 this server (`python -m pipeline.workflow.forkserver SOCKET`), which imports them once and then serves stage
-commands: `python -m stages.X ...` started with `CREDITRL_FORK_SERVER` set (`stages/__init__.py`) hands its
-arguments, working directory, environment and its standard streams to the server and waits; the server forks a
+commands: `python -m stages.X ...` started with `CREDITRL_FORK_SERVER` set hands its arguments, working directory,
+environment and its standard streams to the server and waits (`pipeline.workflow.launcher`); the server forks a
 child that runs `stages.X` as `__main__` with them. The job's command line, its log file and its exit status are
 those of a plain process.
 
@@ -24,52 +24,19 @@ those of a plain process.
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ENV = "CREDITRL_FORK_SERVER"
-_HEADER = struct.Struct("!I")
-
-
-def _send(sock: socket.socket, obj, fds: list[int] = ()) -> None:
-    data = json.dumps(obj).encode()
-    msg = _HEADER.pack(len(data)) + data
-    if fds:
-        socket.send_fds(sock, [msg], list(fds))
-    else:
-        sock.sendall(msg)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        buf += chunk
-    return buf
-
-
-def _recv(sock: socket.socket, with_fds: int = 0):
-    fds: list[int] = []
-    if with_fds:
-        head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, with_fds)
-        if len(head) < _HEADER.size:
-            head += _recv_exact(sock, _HEADER.size - len(head))
-    else:
-        head = _recv_exact(sock, _HEADER.size)
-    (n,) = _HEADER.unpack(head)
-    return json.loads(_recv_exact(sock, n)), fds
-
+from pipeline.workflow.launcher import ENV, recv, send
+from pipeline.workflow.registry import STAGES
 
 # --- Snakemake's side: started in `onstart`, stopped in `onsuccess` and `onerror` ---------------------------------
 
@@ -116,58 +83,6 @@ def stop() -> None:
     folder.rmdir()
 
 
-# --- the launcher: `python -m stages.X` with CREDITRL_FORK_SERVER set -------------------------------------------
-
-def launched_stage() -> tuple[str, list[str]] | None:
-    """(module, arguments) when this process was started as `python [options] -m stages.X ...` outside torchrun
-    (whose workers keep their own processes), else None."""
-    argv = list(getattr(sys, "orig_argv", []))
-    if "-m" not in argv or "LOCAL_RANK" in os.environ:
-        return None
-    i = argv.index("-m")
-    if i + 1 >= len(argv) or not argv[i + 1].startswith("stages."):
-        return None
-    return argv[i + 1], argv[i + 2:]
-
-
-def delegate(module: str, args: list[str]) -> None:
-    """Run `module` with `args` in a child of the fork server and exit with its status; return (and let the caller
-    run the stage itself) when no server answers."""
-    path = os.environ.get(ENV)
-    if not path:
-        return
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        _send(sock, {"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
-        started, _ = _recv(sock)
-    except (OSError, ConnectionError, ValueError):
-        sock.close()
-        return
-    if started.get("refused"):                      # the project's code changed since the server imported it
-        sock.close()
-        return
-    child = started["pid"]
-
-    def forward(sig, _frame):
-        try:
-            os.kill(child, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    try:
-        status, _ = _recv(sock)
-    except (OSError, ConnectionError, ValueError):
-        status = {"code": 1}                        # the server died under the child: a failed job
-    sock.close()
-    if status.get("signal"):                        # killed by a signal: die of the same one, as the child did
-        signal.signal(status["signal"], signal.SIG_DFL)
-        os.kill(os.getpid(), status["signal"])
-    os._exit(status["code"])
-
-
 # --- the server ----------------------------------------------------------------------------------------------------
 
 def preload() -> None:
@@ -180,11 +95,8 @@ def preload() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
     from transformers.generation import utils  # noqa: F401
 
-    import stages
-    from pipeline.workflow.registry import STAGES  # start-up cost: the launcher imports this module, and stays light
-
-    for name in sorted({s.base for s in STAGES}):
-        __import__(f"{stages.__name__}.{name}")
+    for stage in sorted({s.base for s in STAGES}):   # the modules the registry's commands run (`python -m stages.X`)
+        importlib.import_module(f"stages.{stage}")
 
 
 def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
@@ -290,7 +202,7 @@ def serve(path: str, parent: int | None = None) -> None:
             if ready:
                 conn, _ = listener.accept()
                 try:
-                    request, fds = _recv(conn, with_fds=3)
+                    request, fds = recv(conn, with_fds=3)
                 except (OSError, ConnectionError, ValueError):
                     conn.close()
                     continue
@@ -314,7 +226,7 @@ def serve(path: str, parent: int | None = None) -> None:
                     os.close(fd)
                 running[pid] = conn
                 try:
-                    _send(conn, {"pid": pid})
+                    send(conn, {"pid": pid})
                 except OSError:
                     pass
             _reap(running)
@@ -329,7 +241,7 @@ def serve(path: str, parent: int | None = None) -> None:
 
 def _refuse(conn: socket.socket) -> None:
     try:
-        _send(conn, {"refused": True})
+        send(conn, {"refused": True})
     except OSError:
         pass
     conn.close()
@@ -352,7 +264,7 @@ def _reap(running: dict[int, socket.socket]) -> None:
         else:
             report = {"code": os.WEXITSTATUS(status)}
         try:
-            _send(conn, report)
+            send(conn, report)
         except OSError:
             pass
         conn.close()

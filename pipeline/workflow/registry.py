@@ -412,7 +412,8 @@ CODE_ROOT = _ROOT   # the checkout whose `pipeline` and `stages` run the stages
 # change to them changes outputs only through params, which are dependencies of their own.
 PLUMBING = frozenset({"pipeline.config.params", "pipeline.workflow.registry", "pipeline.workflow.cli",
                       "pipeline.workflow.tracking", "pipeline.workflow.threads", "pipeline.data.section",
-                      "pipeline.workflow.forkserver",     # how a stage's process starts, not what it computes
+                      # how a stage's process starts, not what it computes
+                      "pipeline.workflow.forkserver", "pipeline.workflow.launcher",
                       # the layers' packages: a docstring each, no code
                       "pipeline", "pipeline.data", "pipeline.model", "pipeline.rollout", "pipeline.credit",
                       "pipeline.config", "pipeline.workflow"})
@@ -442,7 +443,7 @@ def _statements(body):
 def _imports(name: str) -> frozenset[str]:
     """The project modules `name` imports, anywhere in it (function-level imports too), with the packages they lie
     in. A package a name is taken from (`from pipeline.credit.methods import METHODS`) counts as all of its
-    modules: the method and environment registries import their members by name."""
+    modules and subpackages: the method and environment registries import their members by name."""
     found: set[str] = set()
     whole: set[str] = set()   # packages something is taken from
     source = _module_file(name).read_text()
@@ -468,7 +469,10 @@ def _imports(name: str) -> frozenset[str]:
     for pkg in whole:
         f = _module_file(pkg) if pkg.split(".")[0] in ("pipeline", "stages") else None
         if f is not None and f.name == "__init__.py" and pkg.count(".") >= 1:
+            # its modules, and its subpackages whole (an environment with several parts is a package)
             out |= {f"{pkg}.{g.stem}" for g in f.parent.glob("*.py") if g.stem != "__init__"}
+            out |= {f"{pkg}.{g.parent.name}" + ("" if g.stem == "__init__" else f".{g.stem}")
+                    for g in f.parent.glob("*/*.py") if (g.parent / "__init__.py").is_file()}
     return frozenset(out)
 
 

@@ -1,4 +1,4 @@
-"""ALFWorld on its real engine (pipeline/envs/alfworld_env.py): the shipped games load as ALFWorld's own loader
+"""ALFWorld on its real engine (pipeline/envs/alfworld/env.py): the shipped games load as ALFWorld's own loader
 loads the official ones, commands are parsed exactly, the planner's distance falls by one along its plan and is
 the shortest, held-out tasks come from their own split, and the tiny configuration runs end to end."""
 
@@ -21,7 +21,7 @@ def alf_params(**env) -> Params:
 
 
 def test_shipped_games_are_what_the_generator_writes(tmp_path):
-    from pipeline.envs.alfworld_games import main
+    from pipeline.envs.alfworld.games import main
 
     main(["--out", str(tmp_path)])
     mine = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
@@ -44,7 +44,7 @@ def test_shipped_games_load_with_alfworlds_own_loader():
               "general": {"training_method": "dqn"}, "rl": {"training": {"max_nb_steps_per_episode": 10}}}
     official = AlfredTWEnv(config, train_eval="train")
     assert official.num_games == 24
-    from pipeline.envs.alfworld_env import game_files
+    from pipeline.envs.alfworld.env import game_files
 
     assert sorted(official.game_files) == list(game_files(str(SHIPPED), "train", (1, 3, 4, 5)))
     official.game_files = sorted(official.game_files)[:1]
@@ -148,7 +148,7 @@ def test_the_planners_distance_is_the_shortest_path():
 
 
 def test_held_out_tasks_come_from_the_eval_split_in_order():
-    from pipeline.envs.alfworld_env import game_files, game_of
+    from pipeline.envs.alfworld.env import game_files, game_of
 
     cfg = alf_params().env
     valid = game_files(str(SHIPPED), "valid_seen", (1, 2, 3, 4, 5, 6))

@@ -60,7 +60,7 @@ def test_code_dependencies_are_what_each_stage_imports():
     package counts as all its modules. The credit methods are the advantages' and not the rollout's."""
     rollout, advantages = code_for(STAGE_BY_NAME["rollout"]), code_for(STAGE_BY_NAME["advantages"])
     assert {"stages/rollout.py", "pipeline/rollout/episodes.py", "pipeline/model/engines.py",
-            "pipeline/model/policy.py", "pipeline/envs/sokoban.py", "pipeline/envs/alfworld_env.py",
+            "pipeline/model/policy.py", "pipeline/envs/sokoban.py", "pipeline/envs/alfworld/env.py",
             "pipeline/rollout/prompts.py"} <= set(rollout)
     assert not any(f.startswith("pipeline/credit/methods/") for f in rollout)
     assert {"pipeline/credit/methods/gigpo.py", "pipeline/credit/methods/spa.py",

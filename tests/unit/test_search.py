@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from pipeline.config.params import ParamsError, load_params
-from pipeline.envs import search_world
+from pipeline.envs.search import world as search_world
 from pipeline.envs.base import make_env
-from pipeline.envs.search import (
+from pipeline.envs.search.env import (
     SEARCH_FORMAT,
     PlannedSearchEnv,
     SearchConfig,
@@ -32,7 +32,7 @@ from pipeline.envs.search import (
     normalize_answer,
     parse_response,
 )
-from pipeline.envs.search_index import Retriever
+from pipeline.envs.search.index import Retriever
 from pipeline.rollout.prompts import build_prompt
 
 # -- answers: Search-R1's normalisation (its qa_em.py) and HotpotQA's F1 -------------------------------------------
@@ -91,7 +91,7 @@ def test_bm25_scores_and_order_by_hand():
 
 
 def test_the_index_is_built_once_per_corpus_and_cached_on_disk(tmp_path):
-    from pipeline.envs.search_index import _cached
+    from pipeline.envs.search.index import _cached
 
     _cached.cache_clear()
     a = Retriever.cached(CORPUS, tmp_path)

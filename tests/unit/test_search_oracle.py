@@ -1,4 +1,4 @@
-"""The search oracle is exact over its stated query set (pipeline/envs/search_oracle.py): on a sample of the shipped
+"""The search oracle is exact over its stated query set (pipeline/envs/search/oracle.py): on a sample of the shipped
 world's questions, a brute-force breadth-first search over every sequence of queries from that set (the question,
 every title read in the question or a shown passage, every pair of them), each set rebuilt here from the texts,
 finds the same least number of searches; comparisons, whose two passages the question's own text retrieves
@@ -32,7 +32,7 @@ def read_titles(env, text: str) -> list[str]:
 def brute_force(env, question: str, plan: frozenset[int], found: frozenset[int], limit: int) -> int:
     """Breadth-first over every query of each state's set: the least number of searches retrieving `plan`, or
     `limit` where none within fewer does."""
-    from pipeline.envs.search import _cut
+    from pipeline.envs.search.env import _cut
 
     k, chars = env.cfg.search.top_k, env.cfg.search.passage_chars
     read: dict[int, set[str]] = {}

@@ -5,7 +5,6 @@ nested query and the oracle's distance through a hand-written episode, and the e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sqlite3
@@ -16,12 +15,11 @@ import yaml
 
 from pipeline.config.params import ParamsError, load_params
 from pipeline.data.seeds import task_seed
-from pipeline.envs import sql_ast, sql_world
 from pipeline.envs.base import make_env
-from pipeline.envs.sql import (
+from pipeline.envs.sql import ast_oracle as sql_ast
+from pipeline.envs.sql import world as sql_world
+from pipeline.envs.sql.env import (
     SQL_FORMAT,
-    Database,
-    Result,
     SqlConfig,
     SqlSettings,
     check_gold_queries,
@@ -30,6 +28,7 @@ from pipeline.envs.sql import (
     render,
     same_result,
 )
+from pipeline.envs.sql.executor import Database, Result
 from pipeline.rollout.prompts import build_prompt
 
 # -- execution accuracy --------------------------------------------------------------------------------------------
@@ -71,58 +70,19 @@ def test_a_response_needs_exactly_one_non_empty_tag():
     assert parse_response("<sql>  </sql>") is None
 
 
-# -- safety ------------------------------------------------------------------------------------------------------
-
-HOSTILE = {
-    "recursive CTE": ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-                      "stopped after 0.3 s"),
-    "nine-way cross join": ("SELECT count(*) FROM student a, student b, student c, student d, student e, student f, "
-                            "student g, student h, student i", "stopped after 0.3 s"),
-    "attach": ("ATTACH DATABASE '{other}' AS other", "only queries are run"),
-    "attach in a query": ("SELECT * FROM pragma_database_list", "not authorized"),
-    "drop": ("DROP TABLE student", "only queries are run"),
-    "delete": ("DELETE FROM student", "only queries are run"),
-    "pragma": ("PRAGMA writable_schema = ON", "only queries are run"),
-    "two statements": ("SELECT 1; DROP TABLE student", "only one statement at a time"),
-    "load_extension": ("SELECT load_extension('/tmp/evil.so')", "not authorized"),
-    "vacuum into": ("VACUUM INTO '{tmp}/copy.sqlite'", "only queries are run"),
-    "huge blob": ("SELECT randomblob(200000000)", "too big"),
-    "many large blobs": ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT zeroblob(999999) "
-                         "FROM c LIMIT 20", "larger than 16 MB"),
-    "a write in a CTE": ("WITH x AS (SELECT 1) DELETE FROM student", "not authorized"),
-}
+# -- safety (the executor's own guards: tests/unit/test_sql_executor.py) ----------------------------------------
 
 
-@pytest.fixture()
-def school(tmp_path):
-    """A copy of the shipped school database (the shipped file itself is never opened writable either)."""
-    path = tmp_path / "school.sqlite"
-    path.write_bytes((sql_world.OUT / "database" / "school" / "school.sqlite").read_bytes())
-    return path
-
-
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_a_hostile_query_is_an_error_and_the_file_is_unchanged(school, tmp_path, name):
-    query, fragment = HOSTILE[name]
-    before = hashlib.sha256(school.read_bytes()).hexdigest()
-    # the endless cases are stopped at 0.3 s; the others get 10 s, so that a loaded machine cannot turn a refusal
-    # into a timeout
-    db = Database(school, SqlSettings(timeout_s=0.3 if "stopped" in fragment else 10.0))
-    r = db.run(query.format(other=tmp_path / "other.sqlite", tmp=tmp_path))
-    assert r.error is not None and fragment in r.error, r
-    assert db.run("SELECT count(*) FROM student").rows == ((18,),)       # the connection still answers
-    db.close()
-    assert hashlib.sha256(school.read_bytes()).hexdigest() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["school.sqlite"]   # nothing attached, copied or made
-
-
-def test_an_endless_result_is_cut_at_max_rows_and_the_observation_at_its_limits(school):
-    db = Database(school, SqlSettings(max_rows=50, show_rows=2))
+def test_an_endless_result_is_cut_at_max_rows_and_the_observation_at_its_limits(tmp_path):
+    school = tmp_path / "school.sqlite"
+    school.write_bytes((sql_world.OUT / "database" / "school" / "school.sqlite").read_bytes())
+    db = Database(school, timeout_s=10.0, max_rows=50)
     r = db.run("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c")
     assert r.more and len(r.rows) == 50
-    assert render(r, db.settings) == "more than 50 rows\nx\n1\n2\n... (more than 50 rows in all)"
+    assert render(r, SqlSettings(max_rows=50, show_rows=2)) == "more than 50 rows\nx\n1\n2\n... (more than 50 rows in all)"
     long = render(db.run("SELECT name FROM student"), SqlSettings(result_chars=40, show_rows=100))
     assert len(long) == 40 and long.endswith("...")
+    db.close()
 
 
 def test_a_hostile_turn_is_an_error_observation_and_the_episode_goes_on(tmp_path):

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from pipeline.config.params import ParamsError, load_params
-from pipeline.envs import webshop_catalogue
-from pipeline.envs.webshop import WebShopConfig, WebShopEnv, load_shop
-from pipeline.envs.webshop_reward import (
+from pipeline.envs.webshop import catalogue as webshop_catalogue
+from pipeline.envs.webshop.env import WebShopConfig, WebShopEnv, load_shop
+from pipeline.envs.webshop.reward import (
     Purchase,
     Target,
     attribute_matches,
@@ -244,7 +244,7 @@ def test_the_tiny_tokenizer_keeps_each_product_id_one_token(env):
     """The tiny policy copies `click[<id>]` from its prompt: each id of the 300 products, as the page shows it
     and as the command writes it, is one token, and pages still decode to their text."""
     from pipeline.envs.base import spec_of
-    from pipeline.envs.webshop import Page
+    from pipeline.envs.webshop.env import Page
     from pipeline.model.policy import train_tokenizer
 
     words = spec_of(env.cfg).words(env.cfg)

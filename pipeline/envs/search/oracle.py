@@ -14,7 +14,7 @@ made in) after which every plan passage has been retrieved; found by iterative d
 it retrieves something new, a depth ruled out where the passages missing outnumber what the searches left can
 return. The oracle's distance is that plus one for the answer. It is exact over these queries; the search is cut
 at the plan's missing passages, which the plan's own names retrieve in as many searches in the shipped world
-(`search_world.followable`); a user's planned data where they do not (and no query set does better) keeps that
+(`pipeline.envs.search.world.followable`); a user's planned data where they do not (and no query set does better) keeps that
 count, which is then an upper bound.
 """
 

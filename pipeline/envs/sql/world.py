@@ -1,9 +1,9 @@
 """The SQL world the project ships (`data/sql/`): small SQLite databases and questions about them with their gold
 queries, written in Spider's folder layout, generated here.
 
-    python -m pipeline.envs.sql_world            # writes data/sql/ (the same rows and questions on every run)
+    python -m pipeline.envs.sql.world            # writes data/sql/ (the same rows and questions on every run)
 
-Spider's layout, which `pipeline.envs.sql` reads for a user's Spider or BIRD folder too:
+Spider's layout, which `pipeline.envs.sql.env` reads for a user's Spider or BIRD folder too:
 - `tables.json`: one record per database (`db_id`, `table_names_original`, `column_names_original`,
   `column_types`, `primary_keys`, `foreign_keys`, as Spider writes them);
 - `train_spider.json` and `dev.json`: lists of questions `{"db_id", "question", "query"}`, plus what only a
@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "data" / "sql"
+OUT = Path(__file__).resolve().parents[3] / "data" / "sql"
 SEED = 20261128
 TRAIN_DBS = ("school", "shop", "flights", "library", "hospital", "films")
 HELD_OUT_DBS = ("museum", "football")

@@ -1,6 +1,6 @@
 """The shop the project ships (`data/webshop/`): a few hundred products in WebShop's own file formats, generated here.
 
-    python -m pipeline.envs.webshop_catalogue            # writes data/webshop/ (deterministic: byte for byte)
+    python -m pipeline.envs.webshop.catalogue            # writes data/webshop/ (deterministic: byte for byte)
 
 Three files, as WebShop's `web_agent_site/utils.py` names them and `engine.load_products` reads them:
 - `items_shuffle.json`: the products (asin, name, category, query, product_category, full_description,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeline.data.tables import write_text_atomic
 
-OUT = Path(__file__).resolve().parents[2] / "data" / "webshop"
+OUT = Path(__file__).resolve().parents[3] / "data" / "webshop"
 PER_TYPE = 20
 SEED = 2022
 

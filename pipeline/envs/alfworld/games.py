@@ -1,6 +1,6 @@
 """Small ALFWorld games in ALFWorld's own file format, written by the project (not a copy of the ALFRED data).
 
-    python -m pipeline.envs.alfworld_games --out data/alfworld/json_2.1.1
+    python -m pipeline.envs.alfworld.games --out data/alfworld/json_2.1.1
 
 Each game is a folder `<split>/<task_type>-<Object>-None-<Receptacle>-<room>/trial_<id>/` holding what ALFWorld's
 own loader (`AlfredTWEnv.collect_game_files`) reads: `traj_data.json` (`task_type`, `pddl_params`, the scene) and

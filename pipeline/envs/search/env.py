@@ -3,7 +3,7 @@ search`; docs/environments.md, "Search").
 
 A task is a question. Each turn the policy writes `<search>query</search>` or `<answer>text</answer>` (free text
 around them allowed; a response with neither tag, with both, or with an empty one is invalid, a no-op). A search
-returns the top `env.search.top_k` passages of the corpus by BM25 (`pipeline.envs.search_index`), shown as
+returns the top `env.search.top_k` passages of the corpus by BM25 (`pipeline.envs.search.index`), shown as
 Search-R1 shows them, `<information>Doc 1 (Title: ...) text ...</information>`, each passage's text cut at
 `env.search.passage_chars` characters (at a word, with "..."). An answer ends the episode: reward 1 when it
 matches a golden answer exactly after Search-R1's normalisation (lowercase, punctuation and the articles a, an,
@@ -14,7 +14,7 @@ The state is what the agent knows: the question and the passages retrieved so fa
 of passage ids (order-free), so GiGPO's step groups join turns that know the same facts; the prompt carries the
 earlier turns' queries and information (`prompt.history_turns`).
 
-Data (`env.data_path`; null: the generated world the project ships, `pipeline.envs.search_world`):
+Data (`env.data_path`; null: the generated world the project ships, `pipeline.envs.search.world`):
 - Search-R1's (FlashRAG's) format: `corpus.jsonl` with `id` and `contents` (`"Title"\\ntext`), and the questions
   in `train.jsonl` or `train.parquet` and `test.jsonl` / `test.parquet` (or `dev.*`), with `question` and
   `golden_answers`; a question may carry a `plan` (the passages it needs, `[{"id", "name"}]`, as the generated
@@ -25,7 +25,7 @@ Data (`env.data_path`; null: the generated world the project ships, `pipeline.en
 
 Capabilities, where every question has a plan: `oracle_distance` (the least number of searches that retrieve the
 plan's passages, over the queries an agent can write from what it has read: the question, the titles it has read,
-their pairs (`pipeline.envs.search_oracle`), plus one for the answer; 0 after a correct answer, inf after a wrong
+their pairs (`pipeline.envs.search.oracle`), plus one for the answer; 0 after a correct answer, inf after a wrong
 one), `expert_actions` (the first search of such a shortest sequence, the plan's next name where it is one; then
 the answer). A folder whose questions carry no plans has neither, and what needs them (the warm start's expert,
 retrieved demonstrations, the oracle margin) is refused when the params are checked. `task_score` always.
@@ -51,9 +51,9 @@ from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
-from pipeline.envs.search_index import Retriever
-from pipeline.envs.search_oracle import SearchOracle
-from pipeline.envs.search_world import OUT
+from pipeline.envs.search.index import Retriever
+from pipeline.envs.search.oracle import SearchOracle
+from pipeline.envs.search.world import OUT
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -466,7 +466,7 @@ class SearchEnv:
 
 class PlannedSearchEnv(SearchEnv):
     """Questions whose passages are known (the generated world's plans, HotpotQA's supporting facts): an oracle and
-    an expert, exact over the queries an agent can write from what it has read (`pipeline.envs.search_oracle`)."""
+    an expert, exact over the queries an agent can write from what it has read (`pipeline.envs.search.oracle`)."""
 
     def __init__(self, cfg: SearchConfig, cache_dir: Path):
         super().__init__(cfg, cache_dir)

@@ -2,7 +2,7 @@
 (`env.name: webshop`; docs/environments.md, "WebShop").
 
 Products, attributes and instructions are read in WebShop's JSON formats from `data_path` (a user's copy of the
-real files, or the shop the project ships, `pipeline.envs.webshop_catalogue`), as `engine.load_products` and
+real files, or the shop the project ships, `pipeline.envs.webshop.catalogue`), as `engine.load_products` and
 `goal.get_human_goals` read them: options lowercased, a price range's price drawn between its bounds, a goal's
 price bound drawn from the next four multiples of 10 above the price. Every human instruction is a task; the
 goals, in a fixed shuffled order, split into the first `heldout` (the held-out tasks, stream "eval") and the
@@ -12,7 +12,7 @@ Pages and commands are WebShop's text mode: the search page takes `search[query]
 the search's top 50 products (asin, title, price) with `click[next >]`, `click[< prev]` and `click[back to
 search]`; an item page shows the product's options (`click[<value>]` picks one), its title and price and
 `click[description]`, `click[features]`, `click[reviews]`, `click[buy now]`; buying ends the episode with
-WebShop's task score (`pipeline.envs.webshop_reward`) as the reward, a success at 1. The admissible commands are
+WebShop's task score (`pipeline.envs.webshop.reward`) as the reward, a success at 1. The admissible commands are
 listed as verl-agent's WebShop prompt lists them (`search[<your query>]` where there is a search bar, then the
 clickables); a response's `search[...]` takes any query. The anchor is the page's text (no history, no
 instruction), verl-agent's; an item page's text names the options clicked so far.
@@ -44,8 +44,8 @@ from pipeline.data.section import EnvSection
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import action_content
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, register
-from pipeline.envs.webshop_catalogue import FILES, OUT
-from pipeline.envs.webshop_reward import Purchase, Target, reward
+from pipeline.envs.webshop.catalogue import FILES, OUT
+from pipeline.envs.webshop.reward import Purchase, Target, reward
 
 SEARCH_RETURN_N, PRODUCT_WINDOW = 50, 10                       # engine.py
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]               # goal.py

@@ -7,7 +7,7 @@ Games are read the way ALFWorld's own `AlfredTWEnv` reads them: every folder und
 countertop 1", "take apple 1 from countertop 1", "heat apple 1 with microwave 1").
 
 `data_path` is a user's copy of the official release (its `json_2.1.1` folder); left empty, it is the small set of
-games the project ships (`data/alfworld/json_2.1.1`, written by `pipeline.envs.alfworld_games` in the same format).
+games the project ships (`data/alfworld/json_2.1.1`, written by `pipeline.envs.alfworld.games` in the same format).
 Training, warm-start and tokenizer tasks draw games from `split` by a hash of the task seed; held-out tasks
 (`pipeline.data.seeds`, stream "eval") take the games of `eval_split` in order.
 
@@ -37,7 +37,7 @@ from pipeline.data.seeds import fields, task_hash
 from pipeline.envs.actions import parse_action
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
 
-SHIPPED = Path(__file__).resolve().parents[2] / "data" / "alfworld" / "json_2.1.1"
+SHIPPED = Path(__file__).resolve().parents[3] / "data" / "alfworld" / "json_2.1.1"
 TASK_TYPES = {1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
               4: "pick_heat_then_place_in_recep", 5: "pick_cool_then_place_in_recep", 6: "pick_two_obj_and_place"}
 

@@ -8,17 +8,15 @@ SQLite's error message), or `<answer>final query</answer>`, which ends the episo
 allowed; a response with neither tag, both, or an empty one is invalid, a no-op). Reward 1 when the final query's
 result equals the gold query's (execution accuracy, `same_result`), else 0; success is that reward.
 
-No query can harm or hang anything (`Database`): a database is opened read-only (`mode=ro`, `PRAGMA query_only`),
-an authorizer lets a statement read tables and call functions and nothing else (no ATTACH, PRAGMA, writes, schema
-changes or `load_extension`), one statement per call, each stopped after `env.sql.timeout_s` (SQLite's progress
-handler), strings and blobs capped at 1 MB and a result's at 16 MB, at most `env.sql.max_rows` rows fetched and
-the observation cut at `env.sql.show_rows` rows and `env.sql.result_chars` characters. A refused or stopped query
-is an error observation; the episode goes on.
+No query can harm or hang anything: queries run in `pipeline.envs.sql.executor` (read-only, one statement, stopped
+after `env.sql.timeout_s`, at most `env.sql.max_rows` rows; its docstring lists the guards), and the observation is
+cut at `env.sql.show_rows` rows and `env.sql.result_chars` characters. A refused or stopped query is an error
+observation; the episode goes on.
 
 The state is what the agent has run: the anchor is the database, the question and the set of normalised queries
-executed so far (`pipeline.envs.sql_ast`), so GiGPO's step groups join turns that have seen the same results.
+executed so far (`pipeline.envs.sql.ast_oracle`), so GiGPO's step groups join turns that have seen the same results.
 
-Data (`env.data_path`; null: the generated databases the project ships, `pipeline.envs.sql_world`): a Spider or
+Data (`env.data_path`; null: the generated databases the project ships, `pipeline.envs.sql.world`): a Spider or
 BIRD folder: `tables.json` (or BIRD's `train/train_tables.json` and `dev/dev_tables.json`), questions in
 `train_spider.json` or `train.json` (or BIRD's `train/train.json`) and `dev.json` or `test.json` (or
 `dev/dev.json`), each record with `question`, `query` (Spider) or `SQL` (BIRD), `db_id` and, in BIRD, `evidence`
@@ -38,8 +36,6 @@ import json
 import math
 import os
 import re
-import sqlite3
-import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -52,7 +48,8 @@ from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
 from pipeline.envs.actions import ActionFormat
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
-from pipeline.envs.sql_world import OUT
+from pipeline.envs.sql.executor import Database, Result, connect_read_only
+from pipeline.envs.sql.world import OUT
 
 _SQL = re.compile(r"<sql>(.*?)</sql>", re.DOTALL | re.IGNORECASE)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -61,8 +58,6 @@ TABLES_FILES = ("tables.json", "train/train_tables.json", "dev/dev_tables.json")
 TRAIN_FILES = ("train_spider.json", "train.json", "train/train.json")
 TEST_FILES = ("dev.json", "test.json", "dev/dev.json")
 DB_DIRS = ("database", "test_database", "train/train_databases", "dev/dev_databases")
-MAX_VALUE_BYTES = 1_000_000      # SQLITE_LIMIT_LENGTH: the largest string or blob a query may make
-MAX_RESULT_BYTES = 16_000_000    # the text and blobs of one result, at most
 PERMUTED_COLUMNS = 4             # results of up to this many columns match in any column order
 
 
@@ -102,9 +97,9 @@ def _root(data_path: str | None) -> str:
 
 
 def _ast():
-    from pipeline.envs import sql_ast  # start-up cost: sqlglot (0.13 s), imported only where SQL is played
+    from pipeline.envs.sql import ast_oracle  # start-up cost: sqlglot, imported only where SQL is played
 
-    return sql_ast
+    return ast_oracle
 
 
 # -- data ---------------------------------------------------------------------------------------------------------
@@ -227,13 +222,12 @@ def check_gold_queries(root: str, timeout_s: float, max_rows: int) -> None:
         broken = json.loads(mark.read_text(encoding="utf-8"))
     else:
         broken = []
-        settings = SqlSettings(timeout_s=timeout_s, max_rows=max_rows)
         dbs: dict[str, Database] = {}
         try:
             for path, tasks in zip(data.files, (data.train, data.test), strict=True):
                 for k, t in enumerate(tasks):
                     if t.db_id not in dbs:
-                        dbs[t.db_id] = Database(data.databases[t.db_id], settings)
+                        dbs[t.db_id] = Database(data.databases[t.db_id], timeout_s, max_rows)
                     error = dbs[t.db_id].run(t.query).error
                     if error is not None:
                         broken.append([str(path), k, t.db_id, error])
@@ -252,82 +246,6 @@ def check_gold_queries(root: str, timeout_s: float, max_rows: int) -> None:
 
 
 # -- executing queries safely -------------------------------------------------------------------------------------
-
-
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-            getattr(sqlite3, "SQLITE_RECURSIVE", 33)}      # what a read-only query needs; everything else is denied
-_REFUSED_FUNCTIONS = {"load_extension"}
-_FIRST_WORD = re.compile(r"(?:\s|--[^\n]*\n|/\*.*?\*/|\()*(select|with|values)\b", re.IGNORECASE | re.DOTALL)
-
-
-def _authorize(action, arg1, arg2, db_name, trigger):
-    if action not in _ALLOWED:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _REFUSED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
-@dataclass(frozen=True)
-class Result:
-    columns: tuple[str, ...] = ()
-    rows: tuple[tuple, ...] = ()       # up to max_rows
-    more: bool = False                 # the result had more than max_rows rows
-    error: str | None = None
-
-
-class Database:
-    """One read-only SQLite database that runs one statement at a time under a time limit."""
-
-    def __init__(self, path: Path, settings: SqlSettings):
-        self.path, self.settings = path, settings
-        self.con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-        self.con.execute("PRAGMA query_only = ON")
-        self.con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        self.con.set_authorizer(_authorize)
-        self._deadline = math.inf
-        self.con.set_progress_handler(lambda: int(time.monotonic() > self._deadline), 1000)
-
-    def run(self, query: str) -> Result:
-        q = query.strip()
-        if not q:
-            return Result(error="empty query")
-        if _FIRST_WORD.match(q) is None:
-            return Result(error="only queries are run: one statement beginning with SELECT, WITH or VALUES")
-        self._deadline = time.monotonic() + self.settings.timeout_s
-        try:
-            cur = self.con.execute(q)
-            columns = tuple(d[0] for d in cur.description or ())
-            rows, size = [], 0
-            while len(rows) <= self.settings.max_rows:
-                chunk = cur.fetchmany(min(256, self.settings.max_rows + 1 - len(rows)))
-                if not chunk:
-                    break
-                rows += chunk
-                size += sum(len(v) for r in chunk for v in r if isinstance(v, (str, bytes)))
-                if size > MAX_RESULT_BYTES:
-                    cur.close()
-                    return Result(error=f"the result is larger than {MAX_RESULT_BYTES // 1_000_000} MB")
-            cur.close()
-        except sqlite3.OperationalError as e:
-            msg = str(e)
-            if msg == "interrupted":
-                msg = f"the query was stopped after {self.settings.timeout_s:g} s"
-            return Result(error=msg)
-        except (sqlite3.DatabaseError, sqlite3.ProgrammingError, sqlite3.Warning, OverflowError, ValueError) as e:
-            msg = str(e)
-            if "one statement at a time" in msg:
-                msg = "only one statement at a time is allowed"
-            return Result(error=msg)
-        finally:
-            self._deadline = math.inf
-        if not columns:
-            return Result(error="not a query: only SELECT statements are run")
-        more = len(rows) > self.settings.max_rows
-        return Result(columns, tuple(rows[:self.settings.max_rows]), more)
-
-    def close(self) -> None:
-        self.con.close()
 
 
 def _value(v):
@@ -388,7 +306,7 @@ def render(result: Result, settings: SqlSettings) -> str:
 @lru_cache(maxsize=256)
 def schema_of(path: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """(table, CREATE statement, columns lowercased) of every table of a database, in the file's order."""
-    con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    con = connect_read_only(path)
     try:
         tables = con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
                              "ORDER BY rowid").fetchall()
@@ -406,7 +324,7 @@ def table_columns(path: str) -> dict[str, tuple[str, ...]]:
 
 @lru_cache(maxsize=256)
 def schema_text(path: str, sample_rows: int) -> str:
-    con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    con = connect_read_only(path)
     parts = []
     try:
         for name, create, _ in schema_of(path):
@@ -471,7 +389,7 @@ class SqlEnv:
 
     def db(self) -> Database:
         if self.task.db_id not in self.dbs:
-            self.dbs[self.task.db_id] = Database(Path(self.path), self.cfg.sql)
+            self.dbs[self.task.db_id] = Database(Path(self.path), self.cfg.sql.timeout_s, self.cfg.sql.max_rows)
         return self.dbs[self.task.db_id]
 
     def schema(self) -> dict[str, tuple[str, ...]]:
@@ -543,7 +461,7 @@ class SqlEnv:
                           truncated=not done and self.turn >= self.cfg.max_turns, action_valid=action is not None,
                           success=done and reward == 1.0, action=action, admissible=obs.admissible)
 
-    # -- the oracle and the expert (pipeline.envs.sql_ast) --
+    # -- the oracle and the expert (pipeline.envs.sql.ast_oracle) --
 
     def oracle_distance(self) -> float:
         if self.answer is not None:
@@ -571,7 +489,7 @@ class SqlEnv:
 
 @lru_cache(maxsize=4096)
 def _gold(path: str, query: str, timeout_s: float, max_rows: int) -> tuple[Result, bool]:
-    db = Database(Path(path), SqlSettings(timeout_s=timeout_s, max_rows=max_rows))
+    db = Database(Path(path), timeout_s, max_rows)
     try:
         return db.run(query), orders(query)
     finally:

@@ -1,7 +1,7 @@
 """The search world the project ships (`data/search/`): a fictional encyclopedia and multi-hop questions about it,
 written in Search-R1's file formats, generated here.
 
-    python -m pipeline.envs.search_world            # writes data/search/ (deterministic: byte for byte)
+    python -m pipeline.envs.search.world            # writes data/search/ (deterministic: byte for byte)
 
 Three files, as Search-R1 (and FlashRAG, whose dataset layout it reads) names them:
 - `corpus.jsonl`: one passage a line, `{"id", "contents"}` with `contents` = `"Title"\\ntext`;
@@ -22,10 +22,10 @@ Questions (HotpotQA's two types):
   the company that made <film> born?": the film, its company, its founder, the founder's birthplace);
 - comparisons of two entities of one kind on an attribute ("Which is longer, the Elsen or the Tarn?").
 
-Kept are the questions whose plan can be followed with BM25 at k = 3 (`pipeline.envs.search_index`): the search
+Kept are the questions whose plan can be followed with BM25 at k = 3 (`pipeline.envs.search.index`): the search
 for each name returns its passage, and no other passage of the plan, so the plan's names retrieve the plan in as
 many searches as it has hops. That is an upper bound of the oracle's distance, which is exact over the queries an
-agent can write from what it has read (`pipeline.envs.search_oracle`): a comparison's own question retrieves both
+agent can write from what it has read (`pipeline.envs.search.oracle`): a comparison's own question retrieves both
 of its passages, so it takes one search, not two. Held out (`test.jsonl`): every question about the last fifth of
 the films, people, rivers, companies and universities as a chain's first entity or a comparison's first, so
 held-out chains start from entities that no training question starts from. Both files are shuffled, so the first
@@ -40,9 +40,9 @@ import sys
 from pathlib import Path
 
 from pipeline.data.tables import write_text_atomic
-from pipeline.envs.search_index import Retriever
+from pipeline.envs.search.index import Retriever
 
-OUT = Path(__file__).resolve().parents[2] / "data" / "search"
+OUT = Path(__file__).resolve().parents[3] / "data" / "search"
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl")
 SEED = 2018                                    # HotpotQA's year
 COUNTS = {"country": 14, "city": 160, "river": 70, "university": 90, "person": 1160, "company": 240, "film": 300}
