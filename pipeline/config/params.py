@@ -367,8 +367,9 @@ class RuntimeConfig(Section):
         "entry): threads, mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")
     fork_server: bool = Field(False, description="Snakemake runs every stage as a fork of one process that "
                               "imported torch and transformers once per workflow run (pipeline/workflow/forkserver.py)"
-                              ": about 3 CPU-seconds less a job, most of a job on the tiny configurations; the "
-                              "benchmark files' memory columns then measure the launcher, not the stage")
+                              ": each job skips those imports, most of a job on the tiny configurations (docs/"
+                              "workflow.md, Stage processes and the fork server); the benchmark files' memory columns "
+                              "then measure the launcher, not the stage")
     update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
                                   "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
     update_sharding: Literal["replicate", "fsdp"] = Field(

@@ -7,8 +7,8 @@ import sys
 class _WithoutUnusedBackends:
     """Import hook: two transformers modules import an optional package at import time whenever it is installed,
     though the project never calls what needs it: assisted decoding imports scikit-learn's metrics (mlflow
-    installs scikit-learn; about 0.9 s of every model stage's start on a small CPU), and the object-detection
-    losses import SciPy's optimiser (about 0.3 s). Each module is told its package is absent as it is imported.
+    installs scikit-learn, a noticeable share of every model stage's start), and the object-detection losses import
+    SciPy's optimiser. Each module is told its package is absent as it is imported.
     Costs nothing otherwise."""
 
     ABSENT = {"transformers.generation.candidate_generator": "is_sklearn_available",

@@ -9,7 +9,7 @@
   on a CPU depend on what else is in the batch, and a sharded vLLM rollout differs from an unsharded one).
   On a CPU the engine's threads are not pinned (`VLLM_CPU_OMP_THREADS_BIND=nobind` unless the user set it): vLLM's
   automatic binding keeps one core for its front end and pins the worker to the rest, while torch keeps the
-  stage's thread count, so on 2 cores two threads spin on one core (10x slower sampling, docs/models.md).
+  stage's thread count, so on 2 cores two threads spin on one core (sampling many times slower, docs/models.md).
 
 Both return `pipeline.model.policy.Generation`s, so the step table is the same whichever engine sampled it; asked
 for an `EntropySpec`, both add ARPO's entropy of the response's first tokens, vLLM from its top-k log-probs and

@@ -1,7 +1,7 @@
 """A fork server for stage processes: torch, transformers and the stage modules imported once per workflow run.
 
-A stage process spends about 4 CPU-seconds importing torch and transformers before its first line of work; on the
-tiny configurations that is most of every job. With `runtime.fork_server: true` the Snakefile's `onstart` starts
+A stage process imports torch and transformers before its first line of work; on the tiny configurations that is
+most of every job (docs/workflow.md, Stage processes and the fork server). With `runtime.fork_server: true` the Snakefile's `onstart` starts
 this server (`python -m pipeline.workflow.forkserver SOCKET`), which imports them once and then serves stage
 commands: `python -m stages.X ...` started with `CREDITRL_FORK_SERVER` set hands its arguments, working directory,
 environment and its standard streams to the server and waits (`pipeline.workflow.launcher`); the server forks a

@@ -8,8 +8,8 @@ lock makes parallel stages agree on one parent.
 Tracking is not a single point of failure: if MLflow cannot be reached the stage warns, goes on, and its metrics
 are still in `results/metrics/` (written whatever happens to MLflow).
 
-Opening the store (importing MLflow, checking the database schema, creating the runs) takes about 3 s, a large
-share of a short stage. It runs in a background thread while the stage works; the first call that needs the
+Opening the store (importing MLflow, checking the database schema, creating the runs) is a large share of a short
+stage. It runs in a background thread while the stage works; the first call that needs the
 runs waits for it, and only that wait counts as the stage's tracking time.
 """
 
