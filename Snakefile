@@ -10,13 +10,14 @@ from pipeline.workflow import forkserver
 from pipeline.workflow.dvcgen import record_run
 from pipeline.workflow.registry import (code_inputs, deps_for, enabled_stages, final_targets, job_file,
                                         params_fingerprint, processes_for, resources_for)
-from pipeline.workflow.runs import share_base
+from pipeline.workflow.runs import record_params, share_base
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
     P = load_params(PARAMS_FILE)
     check_dependencies(P, PARAMS_FILE)   # vLLM, the environment's engine: refused at plan time, not in a job
     share_base(P)   # run.base: link the base run's reusable outputs before Snakemake looks for them
+    record_params(PARAMS_FILE, P.run.dir)   # the merged params (`extends:` resolved) beside the run's outputs
 except (ParamsError, FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 PY = sys.executable

@@ -41,7 +41,6 @@ from functools import cache
 from pathlib import Path
 
 import polars as pl
-import yaml
 
 from bench import log_run
 from bench.learning import (
@@ -56,6 +55,7 @@ from bench.learning import (
     write_run_params,
 )
 from bench.verdicts import compare_methods, task_success, verdict_frame
+from pipeline.config.files import read_params
 from pipeline.config.params import Params, apply_overrides, check_dependencies, load_params
 from pipeline.credit.grouping import build_groups
 from pipeline.credit.oracle import run_credit
@@ -76,7 +76,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     for own in arms.values():   # every arm's params checked before any work
         check_dependencies(load_params(params_file, [*sets, *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
-    plain = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+    plain = apply_overrides(read_params(params_file)[0], list(sets))
 
     def base_run(seed: int) -> None:
         d = work / f"base_s{seed}"
@@ -86,7 +86,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
 
     runs = []
     for label, own in arms.items():
-        base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, [*sets, *own])
+        base = apply_overrides(read_params(params_file)[0], [*sets, *own])
         runs += [continuing_run(work / label / f"{m}_s{s}", base, m, s, uri, work / f"base_s{s}", through=0)
                  for s in seeds for m in methods]
     run_side_by_side(base_run, seeds, runs, jobs, cores)

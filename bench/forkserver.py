@@ -24,6 +24,7 @@ import polars as pl
 import yaml
 
 from bench.learning import _workflow
+from pipeline.config.files import read_params
 from pipeline.config.params import ParamsError, load_params
 from pipeline.data.tables import atomic_file
 
@@ -65,7 +66,7 @@ def main(argv=None) -> None:
         load_params(a.params)
     except ParamsError as e:
         raise SystemExit(str(e)) from None
-    params = yaml.safe_load(a.params.read_text()) or {}
+    params = read_params(a.params)[0]
     params.pop("run", None)                          # each run in its own folder's results/
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-forkserver-") as tmp:

@@ -52,6 +52,7 @@ import yaml
 
 from bench import log_run
 from bench.verdicts import compare_methods, paired_by_iteration, task_success, verdict_frame
+from pipeline.config.files import read_params
 from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, flat_keys, load_params
 from pipeline.credit.oracle import run_credit
 from pipeline.credit.preferences import pair_stats
@@ -161,7 +162,7 @@ def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
             sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
     arms = arms or parse_arms(methods, [])
-    base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+    base = apply_overrides(read_params(params_file)[0], list(sets))
     for method, own in arms.values():    # every arm's params checked before any work
         check_dependencies(load_params(params_file, [*sets, f"credit.method={method}", *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"

@@ -30,6 +30,7 @@ import yaml
 
 from bench import log_run
 from bench.learning import _workflow, mean_curves
+from pipeline.config.files import read_params
 from pipeline.config.params import apply_overrides, load_params
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import write_text_atomic
@@ -107,7 +108,7 @@ def mean_running(jobs: dict[str, tuple[float, float | None]]) -> float:
 
 
 def run_all(params_file: Path, seeds: list[int], work: Path, cores: int, sets: list[str]) -> None:
-    base = apply_overrides(yaml.safe_load(params_file.read_text()) or {}, list(sets))
+    base = apply_overrides(read_params(params_file)[0], list(sets))
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
     for seed in seeds:
         for lag in LAGS:

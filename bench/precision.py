@@ -39,6 +39,7 @@ import torch
 import yaml
 
 from bench import cpu_name
+from pipeline.config.files import read_params
 from pipeline.config.params import load_params, with_overrides
 from pipeline.data.tables import ADVANTAGES, STEPS, read_table
 from pipeline.model.precision import cpu_bf16_flags
@@ -222,7 +223,7 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, se
     stage_name, _, it = job.partition("@")
     if stage_name not in STAGE_BY_NAME:
         raise SystemExit(f"--jobs {job}: no stage {stage_name!r}; expected one of {', '.join(STAGE_BY_NAME)}")
-    raw = yaml.safe_load(params_file.read_text())
+    raw = read_params(params_file)[0]
     raw.setdefault("policy", {})["dtype"] = dtype
     raw.setdefault("run", {})["dir"] = str(where)
     raw["run"].pop("base", None)

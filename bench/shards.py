@@ -33,6 +33,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from pipeline.config.files import read_params
 from pipeline.config.params import Params
 from pipeline.data.tables import write_text_atomic
 
@@ -173,7 +174,7 @@ def main(argv=None) -> None:
     ap.add_argument("--work", type=Path, default=Path("results/bench/shards_work"))
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     a = ap.parse_args(argv)
-    base = yaml.safe_load(Path(a.params).read_text()) or {}
+    base = read_params(a.params)[0]
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     rows = throughput(a.work.resolve(), base, a.shards, a.batch_size, a.tasks, a.cores)

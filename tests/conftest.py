@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from pipeline.config.files import read_params
 from pipeline.credit.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +134,7 @@ def run_env_config(d: Path, config: str, every_stage: bool = False, **changes) -
     and the report do the same for every environment, and the Sokoban runs test them); with `every_stage`, the
     whole one-iteration run. Returns the params written; fails the test with Snakemake's log on error."""
     workflow_files(d)
-    params = yaml.safe_load((ROOT / "configs" / config).read_text())
+    params = read_params(ROOT / "configs" / config)[0]      # its `extends` chain merged: a file of its own
     tiny = yaml.safe_load((ROOT / "tests" / "tiny_params.yaml").read_text())
     for section in ("loop", "policy", "rollout", "update", "evaluate"):
         params[section] = tiny[section]
@@ -285,7 +286,7 @@ def tiny_llama(seed=0, heads=2, kv_heads=2):
 def counting_packs(monkeypatch) -> list[int]:
     """The sizes of the prefix trees `pipeline.model.packing` packs from here on (a test that a packing key is
     used)."""
-    import pipeline.model.packing as packing
+    from pipeline.model import packing
 
     calls, real = [], packing.pack
     monkeypatch.setattr(packing, "pack", lambda seqs: calls.append(len(seqs)) or real(seqs))

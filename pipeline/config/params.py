@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
+from pipeline.config.files import ParamsError, chain_of, origin_of, read_params
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
 from pipeline.data.section import LoraSettings, MicroBatching, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
@@ -462,10 +463,6 @@ class Params(Section):
         return self
 
 
-class ParamsError(ValueError):
-    """A bad params file; the message names the file and the key."""
-
-
 def _format_loc(loc: tuple) -> str:
     return ".".join(str(x) for x in loc) if loc else "(top level)"
 
@@ -484,16 +481,11 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] = (), whe
     validated, so that an override can mend what the file alone would be refused for (a model path that exists
     only on this machine)."""
     path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: params file not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    raw, origin = read_params(path)      # `extends:` resolved (pipeline.config.files)
+    own = str(path)
     if overrides:
         raw = apply_overrides(raw, list(overrides), where)
+        origin.update({item.partition("=")[0]: own for item in overrides})   # the message names the overrides
         path = f"{path} with its {where} overrides"
     try:
         return Params.model_validate(raw)
@@ -501,16 +493,19 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] = (), whe
         problems = []
         for err in e.errors():
             loc = _format_loc(err["loc"])
+            source = origin_of(origin, loc)
+            # where a base file (`extends`) or an override set the key, say which
+            set_in = f" (set in {source})" if source is not None and source != own else ""
             if err["type"] == "union_tag_invalid":
-                problems.append(f"key '{loc}.name': unknown {loc} {err['ctx']['tag']!r}; expected one of "
+                problems.append(f"key '{loc}.name'{set_in}: unknown {loc} {err['ctx']['tag']!r}; expected one of "
                                 f"{err['ctx']['expected_tags']}")
             elif err["type"] == "extra_forbidden":
-                problems.append(f"key '{loc}': unknown key (not in the schema; check its spelling and section)"
-                                + _moved(err["loc"]))
+                problems.append(f"key '{loc}'{set_in}: unknown key (not in the schema; check its spelling and "
+                                "section)" + _moved(err["loc"]))
             else:
                 got = err.get("input")
                 got_s = "" if isinstance(got, dict) else f", got {got!r}"
-                problems.append(f"key '{loc}': {err['msg'].removeprefix('Value error, ')}{got_s}")
+                problems.append(f"key '{loc}'{set_in}: {err['msg'].removeprefix('Value error, ')}{got_s}")
         raise ParamsError(f"{path}: invalid parameters:\n  " + "\n  ".join(problems)) from None
 
 
@@ -610,3 +605,33 @@ def flat_keys(tree: dict) -> dict:
 def params_dict(params: Params) -> dict:
     """Flat `section.key -> value` mapping, for logging to MLflow."""
     return flat_keys(params.model_dump())
+
+
+def resolved_yaml(path: str | Path) -> str:
+    """The params of `path` with its `extends` chain merged, as a self-contained params file (validated first)."""
+    load_params(path)
+    raw, _ = read_params(path)
+    head = f"# {path}, resolved: " + " <- ".join(reversed(chain_of(path))) + "\n"
+    return head + yaml.safe_dump(raw, sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.config.params",
+                                 description="Check a params file, or print it with its `extends` chain merged.")
+    ap.add_argument("file", nargs="?", default="params.yaml")
+    ap.add_argument("--resolve", action="store_true", help="print the merged params (what the run records in "
+                    "params.resolved.yaml)")
+    a = ap.parse_args(argv)
+    try:
+        text = resolved_yaml(a.file)
+    except ParamsError as e:
+        print(f"error: {e}")
+        return 1
+    print(text if a.resolve else f"{a.file}: valid", end="" if a.resolve else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

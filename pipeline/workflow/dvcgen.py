@@ -116,7 +116,7 @@ def dvc_jobs(params: Params) -> list[tuple[str, list[str]]]:
 
 def _missing_keys(params_file: str, text: str) -> list[str]:
     """The params keys dvc.yaml lists that the params file does not write out (DVC reads the file, not defaults)."""
-    raw = yaml.safe_load(Path(params_file).read_text()) or {}
+    raw = yaml.safe_load(Path(params_file).read_text()) or {}   # as DVC reads it: no `extends` merged
     keys: set[str] = set()
     for st in yaml.safe_load(text)["stages"].values():
         for entry in st.get("do", st).get("params") or []:

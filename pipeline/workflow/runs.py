@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.config.params import Params, load_params
+from pipeline.config.params import Params, load_params, resolved_yaml
 from pipeline.data.paths import INITIAL_CHECKPOINT, ITER_DIR, at, fill, strip_dir
+from pipeline.data.tables import write_text_atomic
 from pipeline.workflow.records import SNAKEMAKE_STAMP
 from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
@@ -42,6 +43,20 @@ def run_folder(params: Params, params_file: str | Path) -> Path:
     """Where the outputs of the run of `params_file` (`params`, loaded from it) are: its `run.dir` under the run's
     `workflow_dir` (or as it is, when absolute)."""
     return workflow_dir(params_file) / params.run.dir
+
+
+RESOLVED = "params.resolved.yaml"
+
+
+def record_params(params_file: str | Path, folder: str | Path) -> Path:
+    """`folder/params.resolved.yaml`: the params the run ran with, its `extends` chain merged
+    (`python -m pipeline.config.params --resolve`), rewritten only when they changed."""
+    out = Path(folder) / RESOLVED
+    text = resolved_yaml(params_file)
+    if not out.is_file() or out.read_text() != text:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, text)
+    return out
 
 
 def ordered_jobs(params: Params, through: int):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-import yaml
+from pipeline.config.files import read_params
 
 ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS")
 
@@ -40,8 +40,8 @@ def configure(argv: list[str] | None = None) -> int:
     requested = 0
     try:
 
-        with open(_params_file(argv)) as f:
-            requested = int(((yaml.safe_load(f) or {}).get("runtime") or {}).get("torch_threads") or 0)
+        raw = read_params(_params_file(argv))[0]     # `extends:` resolved
+        requested = int((raw.get("runtime") or {}).get("torch_threads") or 0)
     except Exception:  # noqa: BLE001 - validation happens later, with a proper message
         requested = 0
     n = resolve(max(requested, 0))

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.config.files import read_params
 from pipeline.config.params import Params, ParamsError, load_params
 from tests.conftest import ROOT
 
@@ -144,7 +145,7 @@ def test_every_shipped_config_loads(name, monkeypatch):
     are relative to the repository root, where scripts/install-models puts the GGUF files)."""
     monkeypatch.chdir(ROOT)
     p = load_params(ROOT / "configs" / name)
-    raw = yaml.safe_load((ROOT / "configs" / name).read_text())
+    raw = read_params(ROOT / "configs" / name)[0]     # its `extends` chain merged
     assert p.env.name == raw["env"]["name"] and p.seed == raw.get("seed", 0)
 
 
@@ -155,7 +156,7 @@ def test_no_two_shipped_runs_share_a_folder_unless_one_continues_the_other():
     from pipeline.workflow.runs import run_folder
 
     files = [ROOT / "params.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
-    raw = {f: yaml.safe_load(f.read_text()) or {} for f in files}
+    raw = {f: read_params(f)[0] for f in files}
     where = {f: run_folder(Params.model_validate({"run": r.get("run", {})}), f).resolve() for f, r in raw.items()}
     assert where[ROOT / "params.yaml"] == ROOT / "results"
     assert where[ROOT / "configs" / "webshop.yaml"] == ROOT / "results" / "webshop"   # the checkout, not configs/
