@@ -75,7 +75,7 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
            attentions: tuple[str, ...] = ("paths",)) -> list[dict]:
     from pipeline.model import packing
     from pipeline.model.policy import load_policy, with_lora
-    from pipeline.model.ppo import ppo_update, sequence_logprobs
+    from pipeline.model.ppo import Turns, ppo_update, sequence_logprobs
 
     pick = torch.randperm(turns.height, generator=torch.Generator().manual_seed(params.seed))[:n].tolist()
     turns = turns[pick]                            # a minibatch as the update draws one: shuffled turns
@@ -96,7 +96,7 @@ def timing(params, checkpoint: Path, turns: pl.DataFrame, n: int, repeats: int, 
         for name, budget, attention, cfg in variants:
             packing.ATTENTION["mode"] = attention or "paths"
             t0 = time.perf_counter()
-            ppo_update(model, opt, prompts, responses, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2), old,
+            ppo_update(model, opt, Turns(prompts, responses, [1.0, -1.0] * (n // 2) + [1.0] * (n % 2), old),
                        cfg.model_copy(update={"epochs": 1}), tok.pad_token_id, seed=0)
             t1 = time.perf_counter()
             sequence_logprobs(model, prompts, responses, tok.pad_token_id, u.micro_batch_size or n,

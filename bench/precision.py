@@ -112,14 +112,16 @@ def attribute(events, wall_s: float) -> tuple[dict[tuple[str, str], float], list
 
 def _minibatch(run: Path, it: int, n: int, seed: int):
     """`n` turns of iteration `it` with a response, drawn at random as the update draws a minibatch: their
-    prompts, responses, advantages and the engine's log-probs."""
+    prompts, responses, advantages and the engine's log-probs as log pi_old (`Turns`)."""
+    from pipeline.model.ppo import Turns
+
     steps = read_table(run / f"iter_{it}" / "steps.parquet", STEPS)
     adv = read_table(run / f"iter_{it}" / "advantages.parquet", ADVANTAGES)
     table = steps.join(adv, on=["episode_id", "step"]).filter(pl.col("response_ids").list.len() > 0)
     pick = torch.randperm(table.height, generator=torch.Generator().manual_seed(seed))[:2 * n].tolist()
     table = table[pick]
-    return [(t["prompt_ids"].to_list(), t["response_ids"].to_list(), t["advantage"].to_list(),
-             [torch.tensor(x, dtype=torch.float32) for x in t["response_logprobs"].to_list()])
+    return [Turns(t["prompt_ids"].to_list(), t["response_ids"].to_list(), t["advantage"].to_list(),
+                  [torch.tensor(x, dtype=torch.float32) for x in t["response_logprobs"].to_list()])
             for t in (table[:n], table[n:2 * n])]
 
 
@@ -138,10 +140,10 @@ def profile_update(params, run: Path, it: int, dtype: str, frozen_low: bool = Tr
     warm, timed = _minibatch(run, it, u.minibatch_size, p.seed)
     cfg = u.model_copy(update={"epochs": 1})
     args = {"cfg": cfg, "pad_id": tok.pad_token_id, "seed": 0, "temperature": p.rollout.temperature}
-    ppo_update(model, opt, *warm, **args)
+    ppo_update(model, opt, warm, **args)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        ppo_update(model, opt, *timed, **args)
+        ppo_update(model, opt, timed, **args)
         wall = time.perf_counter() - t0
     return wall, prof
 

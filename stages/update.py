@@ -1,15 +1,20 @@
 """Stage `update`: PPO-clip on the response tokens of iteration i's turns, from the checkpoint of i-1 to that of i
 (with `update.objective: step_dpo`, the margin-aware DPO loss on the iteration's preference pairs instead,
-`preference_update`).
+`preference_update`, a path of its own).
 
-Its phases, as a torchtune recipe's: setup (the turns and their advantages, the trainable policy, AdamW resumed
-from the state of i-1), old log-probs (`log π_old` recomputed from the rollout checkpoint at the sampling
-temperature, docs/credit-assignment.md, Policy update; its mismatch with the rollout engine's is reported; or,
-with `update.old_logprobs: engine` (or `auto` in fp32), the engine's own; the KL reference's where
-`update.kl_coef` > 0), train (`pipeline.model.ppo`), save (checkpoint, optimiser state, metrics). One step off-policy (`loop.off_policy_lag: 1`)
-the turns of i were sampled by the checkpoint of i-2:
-`log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the behaviour
-policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the decoupled loss.
+Its phases, as a torchtune recipe's, one function each:
+
+1. `setup`: the turns and their advantages (read and checked before the model loads), the trainable policy of i-1,
+   AdamW resumed from its state of i-1.
+2. `logprob_passes`: `log π_old`, recomputed from the rollout checkpoint at the sampling temperature
+   (docs/credit-assignment.md, Policy update), its mismatch with the rollout engine's reported; or, with
+   `update.old_logprobs: engine` (or `auto` in fp32), the engine's own. The KL reference's where `update.kl_coef`
+   > 0. One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
+   `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the
+   behaviour policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the
+   decoupled loss.
+3. `train`: `pipeline.model.ppo.ppo_update` on the turns (`Turns`, the batch type stage and library share).
+4. `save`: the checkpoint, the optimiser state, the metrics.
 
 The policy trains with fp32 master weights whose forward passes run in `policy.dtype` (`pipeline.model.precision`).
 A non-finite loss or advantage stops the stage before anything is written.
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 import torch
@@ -35,7 +40,7 @@ from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
 from pipeline.model.dpo import step_dpo_update
 from pipeline.model.policy import load_policy, load_trainable, save_policy
-from pipeline.model.ppo import ppo_update, sequence_logprobs, shared_logprobs
+from pipeline.model.ppo import Placement, Turns, UpdateResult, ppo_update, sequence_logprobs, shared_logprobs
 from pipeline.rollout.branching import attribute
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.tracking import Tracker
@@ -43,55 +48,69 @@ from pipeline.workflow.tracking import Tracker
 OPTIMIZER = "policy"   # results/iter_i/optimizer/policy.pt
 
 
-@dataclass
-class Turns:
-    """The turns the update trains on, as lists in (episode_id, step) order."""
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    advantages: list[float]
-    engine_logprobs: list[list[float]]   # the rollout engine's, for the mismatch report
-
-
 def main(argv=None) -> None:
     ctx = parse_args("update", per_iteration=True, argv=argv)
-    p, it = ctx.params, ctx.iteration
-    procs = start_processes(p.runtime.device)
-    if procs.rank:
-        ctx.log = lambda msg: None
-    with stage_job(ctx), (Tracker(p, "update", it) if procs.rank == 0 else nullcontext(_Silent())) as tracker:
-        seed = stage_seed("update", p.seed, it)
-        if p.update.objective == "step_dpo":    # the tables are read and checked before the model loads
-            pairs = read_pairs(ctx)
-            model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
-                                              p.update.gradient_checkpointing)
-            preference_update(ctx, pairs, model, tokenizer, seed, procs, tracker)
+    procs = start_processes(ctx.params.runtime.device)
+    ctx.quiet = procs.rank != 0            # process 0 speaks and writes for all
+    with stage_job(ctx), (Tracker(ctx.params, "update", ctx.iteration) if procs.rank == 0
+                          else nullcontext(_Silent())) as tracker:
+        if ctx.params.update.objective == "step_dpo":
+            preference_update(ctx, procs, tracker)
             return
-        turns = read_turns(ctx)
-        sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
-        model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
-                                          p.update.gradient_checkpointing, frozen_low_precision=not sharded)
-        if turns.prompts:
-            old, weights, ref, reports = logprob_passes(ctx, model, tokenizer.pad_token_id, turns, procs)
-        else:              # update.skip_zero_advantage left every turn out: no step, the weights stay
-            old, weights, ref, reports = [], None, None, {}
-        make_optimizer = _optimizer_of(p)
-        optimizer = make_optimizer(model.parameters())
-        adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
-        if sharded:   # after log pi_old: every process held the whole model for it
-            optimizer = fsdp.shard_model(model, optimizer, make_optimizer, next(model.parameters()).device)
-            ctx.log(f"FSDP: each of {procs.world} processes holds 1/{procs.world} of the weights, gradients and "
-                    "moments")
-        trace: list[float] = []
-        stats = ppo_update(model, optimizer, turns.prompts, turns.responses, turns.advantages, old, p.update,
-                           tokenizer.pad_token_id, seed=seed, ref_logps=ref, progress=ctx.log,
-                           temperature=p.rollout.temperature, rank=procs.rank, world=procs.world, trace=trace,
-                           sharded=sharded, behaviour_weights=weights) | reports
-        if not all(math.isfinite(v) for v in stats.values()):
-            raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
-        if sharded:   # the whole weights and moments, on process 0, in an unsharded model and optimiser
-            model, optimizer = fsdp.unsharded(model, optimizer, lambda: _load(ctx, "cpu", seed), make_optimizer)
-        if procs.rank == 0:
-            save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
+        run = setup(ctx, procs)                                                # 1. setup
+        turns, reports = logprob_passes(ctx, run.model, run.pad_id, run.turns, procs)   # 2. old log-probs
+        result = train(ctx, run, turns, procs)                                 # 3. train
+        if procs.rank == 0:                                                    # 4. save
+            save(ctx, run.model, run.tokenizer, run.optimizer, result.stats | reports, result.step_losses, tracker)
+
+
+@dataclass
+class Setup:
+    """What the update trains: the turns (`Turns`, log-probs not yet filled), the policy of i-1 with its tokenizer,
+    AdamW resumed from the state of i-1, the stage's seed and whether the weights are FSDP-sharded."""
+    turns: Turns
+    model: object
+    tokenizer: object
+    optimizer: object
+    seed: int
+    sharded: bool
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+
+def setup(ctx, procs: Processes) -> Setup:
+    """The turns and their advantages (read and checked before the model loads), the trainable policy of i-1 and
+    its optimiser."""
+    p, it = ctx.params, ctx.iteration
+    turns = read_turns(ctx)
+    seed = stage_seed("update", p.seed, it)
+    sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
+    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+                                      p.update.gradient_checkpointing, frozen_low_precision=not sharded)
+    optimizer = _optimizer_of(p)(model.parameters())
+    adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
+    return Setup(turns, model, tokenizer, optimizer, seed, sharded)
+
+
+def train(ctx, run: Setup, turns: Turns, procs: Processes) -> UpdateResult:
+    """PPO on the turns (`pipeline.model.ppo`; none, where `update.skip_zero_advantage` left every turn out: no
+    step, the weights stay); under FSDP the model and optimiser are sharded for it (after the
+    log-prob passes, for which every process held the whole model) and gathered back on process 0 after it."""
+    p, it = ctx.params, ctx.iteration
+    if run.sharded:
+        run.optimizer = fsdp.shard_model(run.model, run.optimizer, _optimizer_of(p),
+                                         next(run.model.parameters()).device)
+        ctx.log(f"FSDP: each of {procs.world} processes holds 1/{procs.world} of the weights, gradients and moments")
+    result = ppo_update(run.model, run.optimizer, turns, p.update, run.pad_id, run.seed, p.rollout.temperature,
+                        Placement(procs.rank, procs.world, run.sharded), progress=ctx.log)
+    if not all(math.isfinite(v) for v in result.stats.values()):
+        raise ValueError(f"iteration {it}: non-finite update statistics {result.stats}")
+    if run.sharded:   # the whole weights and moments, on process 0, in an unsharded model and optimiser
+        run.model, run.optimizer = fsdp.unsharded(run.model, run.optimizer, lambda: _load(ctx, "cpu", run.seed),
+                                                  _optimizer_of(p))
+    return result
 
 
 @dataclass
@@ -121,15 +140,20 @@ def read_pairs(ctx) -> Pairs:
     return Pairs(found["prompt_ids"].to_list(), found["response_ids"].to_list(), triples)
 
 
-def preference_update(ctx, pairs: Pairs, model, tokenizer, seed: int, procs: Processes, tracker) -> None:
+def preference_update(ctx, procs: Processes, tracker) -> None:
     """`update.objective: step_dpo`: the margin-aware DPO loss on iteration i's pairs (`pipeline.model.dpo`), from
-    the checkpoint of i-1, with pi_ref that checkpoint (`previous`) or the initial policy (`init`)."""
+    the checkpoint of i-1, with pi_ref that checkpoint (`previous`) or the initial policy (`init`). Its own phases:
+    the pairs (read and checked before the model loads), pi_ref's log-probs, train, save."""
     p, it = ctx.params, ctx.iteration
+    pairs = read_pairs(ctx)
+    seed = stage_seed("update", p.seed, it)
+    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+                                      p.update.gradient_checkpointing)
     prompts, responses, triples = pairs.prompts, pairs.responses, pairs.triples
     cfg, u = p.update.step_dpo, p.update
     if cfg.reference == "init" and ctx.path(paths.PREV_CHECKPOINT) != ctx.path(paths.CHECKPOINT, 0):
         ref = checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), tokenizer.pad_token_id,
-                                  Turns(prompts, responses, [], []), procs, temperature=1.0)
+                                  Turns(prompts, responses, []), procs, temperature=1.0)
     else:
         ctx.log(f"pi_ref is the checkpoint the update starts from: log-probs of {len(prompts)} turns")
         ref = sequence_logprobs(model, prompts, responses, tokenizer.pad_token_id, u.minibatch_size, 1.0, ctx.log,
@@ -138,12 +162,11 @@ def preference_update(ctx, pairs: Pairs, model, tokenizer, seed: int, procs: Pro
     adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
     ctx.log(f"step-DPO on {len(triples)} pairs of {len(prompts)} turns (beta {cfg.beta}, margin {cfg.margin}, "
             f"form {cfg.margin_form}, reference {cfg.reference})")
-    trace: list[float] = []
-    stats = step_dpo_update(model, optimizer, prompts, responses, triples, [float(r.sum()) for r in ref], cfg, u,
-                            tokenizer.pad_token_id, seed, progress=ctx.log, trace=trace)
-    if not all(math.isfinite(v) for v in stats.values()):
-        raise ValueError(f"iteration {it}: non-finite update statistics {stats}")
-    save(ctx, model, tokenizer, optimizer, stats, trace, tracker)
+    result = step_dpo_update(model, optimizer, prompts, responses, triples, [float(r.sum()) for r in ref], cfg, u,
+                             tokenizer.pad_token_id, seed, progress=ctx.log)
+    if not all(math.isfinite(v) for v in result.stats.values()):
+        raise ValueError(f"iteration {it}: non-finite update statistics {result.stats}")
+    save(ctx, model, tokenizer, optimizer, result.stats, result.step_losses, tracker)
 
 
 def read_turns(ctx) -> Turns:
@@ -167,12 +190,15 @@ def read_turns(ctx) -> Turns:
                 f"and are left out; {kept.height} train")
         table = kept
     return Turns(table["prompt_ids"].to_list(), table["response_ids"].to_list(), table["advantage"].to_list(),
-                 table["response_logprobs"].to_list())
+                 engine_logprobs=table["response_logprobs"].to_list())
 
 
-def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes):
-    """The log-probs the loss needs besides the new ones: log pi_old, one step off-policy the behaviour weights, the
-    KL reference's; and what they report (the engine's mismatch, the off-policy statistics)."""
+def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> tuple[Turns, dict[str, float]]:
+    """The turns with the log-probs the loss needs besides the new ones: log pi_old, one step off-policy the
+    behaviour weights, the KL reference's; and what they report (the engine's mismatch, the off-policy
+    statistics). No turn (all left out by `update.skip_zero_advantage`): nothing to compute."""
+    if not turns.prompts:
+        return replace(turns, old_logps=[]), {}
     sampled = engine_logprobs(ctx, turns)
     on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
     if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
@@ -184,7 +210,8 @@ def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes):
     weights, off_policy = ((None, {}) if behaviour is None
                            else behaviour_weights(old, behaviour, ctx.params.update.behaviour_weight_cap))
     mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
-    return old, weights, reference_logprobs(ctx, pad_id, turns, procs, old), mismatch | off_policy
+    ref = reference_logprobs(ctx, pad_id, turns, procs, old)
+    return replace(turns, old_logps=old, ref_logps=ref, weights=weights), mismatch | off_policy
 
 
 def engine_logprobs(ctx, turns: Turns) -> list | None:
@@ -260,10 +287,11 @@ def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Proce
                            ctx.log, p.update.packing, p.update.micro_batch_tokens)
 
 
-def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], trace: list[float], tracker) -> None:
-    """The checkpoint of i, AdamW's state beside it (older states pruned), and the metrics."""
+def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], step_losses: list[float], tracker) -> None:
+    """The checkpoint of i, AdamW's state beside it (older states pruned), and the metrics (every optimiser step's
+    loss as `update/step_loss`)."""
     p, it = ctx.params, ctx.iteration
-    for k, loss in enumerate(trace):
+    for k, loss in enumerate(step_losses):
         tracker.log_metrics({"update/step_loss": loss}, step=k)
     out = ctx.path(paths.CHECKPOINT)
     adamw.save(optimizer, ctx.path(paths.ITER_DIR), OPTIMIZER)

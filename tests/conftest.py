@@ -298,12 +298,12 @@ def sgd_update(model, prompts, responses, advantages, **update):
     steps, hiding what is compared) from log pi_old recomputed on `model`: the weights after it, and its statistics.
     `update`: the UpdateConfig's keys (lr, epochs, minibatch_size, and the memory or packing keys compared)."""
     from pipeline.config.params import UpdateConfig
-    from pipeline.model.ppo import ppo_update, sequence_logprobs
+    from pipeline.model.ppo import Turns, ppo_update, sequence_logprobs
 
     old = sequence_logprobs(model, prompts, responses, PAD, 4)
     cfg = UpdateConfig(**update)
     opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=cfg.lr)
-    stats = ppo_update(model, opt, prompts, responses, advantages, old, cfg, PAD, seed=0)
+    stats = ppo_update(model, opt, Turns(prompts, responses, advantages, old), cfg, PAD, seed=0).stats
     return {k: v.detach().clone() for k, v in model.named_parameters()}, stats
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.model.packing import grouped_micro_batches, response_logprobs
+from pipeline.model.ppo import UpdateResult
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
@@ -52,11 +53,10 @@ def summed_logprobs(model, prompts, responses, pad_id: int, packing: str) -> tor
 
 def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: list[tuple[int, int, float]],
                     ref_sums: list[float], cfg, update, pad_id: int, seed: int,
-                    progress: Callable[[str], None] | None = None, trace: list[float] | None = None
-                    ) -> dict[str, float]:
+                    progress: Callable[[str], None] | None = None) -> UpdateResult:
     """`update.epochs` passes over `pairs` ((chosen turn, rejected turn, margin), indices into `prompts` and
     `responses`) with the `update.step_dpo` settings `cfg`; `ref_sums[i]`: turn i's summed log-prob under π_ref.
-    Returns each statistic's mean over the pairs (the loss's over the steps)."""
+    Returns each statistic's mean over the pairs (the loss's over the steps) and every step's loss."""
     n = len(pairs)
     gen = torch.Generator().manual_seed(seed)
     totals = dict.fromkeys(STATS, 0.0)
@@ -93,8 +93,6 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
             if math.isfinite(norm):
                 grad_norms.append(norm)
             losses.append(step_loss)
-            if trace is not None:
-                trace.append(step_loss)
             step = len(losses)
             if progress is not None and ticker.due(step):
                 progress(f"step-DPO step {step}/{steps_total}: loss {step_loss:.4f}, {ticker.pace(step)}")
@@ -102,7 +100,7 @@ def step_dpo_update(model, optimizer, prompts: list, responses: list, pairs: lis
     out = {k: totals[k] / max(seen, 1) for k in STATS if k != "loss"}
     out |= {"loss": sum(losses) / max(len(losses), 1), "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "pairs": float(n), "skipped_steps": float(stepper.skipped)}
-    return out
+    return UpdateResult(out, losses)
 
 
 def _passes(prompts, responses, pairs, idx: list[int], per_pass: int, update) -> list[list[int]]:

@@ -24,8 +24,8 @@ from pipeline.model.packing import passes, response_logprobs
 from pipeline.model.precision import NonFiniteError, Stepper
 from pipeline.progress import Ticker
 
-__all__ = ["NonFiniteError", "low_var_kl", "minibatches", "policy_loss", "ppo_update", "sequence_logprobs",
-           "shared_logprobs"]
+__all__ = ["NonFiniteError", "Placement", "Turns", "UpdateResult", "low_var_kl", "minibatches", "policy_loss",
+           "ppo_update", "sequence_logprobs", "shared_logprobs"]
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip_ratio: float,
@@ -94,44 +94,70 @@ def shared_logprobs(model, prompts, responses, pad_id: int, batch_size: int, tem
 STATS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "approx_kl")
 
 
-def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg, pad_id: int, seed: int,
-               ref_logps=None, progress: Callable[[str], None] | None = None,
-               temperature: float = 1.0, rank: int = 0, world: int = 1,
-               trace: list[float] | None = None, sharded: bool = False,
-               behaviour_weights: list[torch.Tensor] | None = None) -> dict[str, float]:
-    """`cfg.epochs` passes of shuffled minibatches of turns (`minibatches`: near-equal sizes of at most
-    `cfg.minibatch_size`); returns the mean of each statistic. The new
-    log-probs are taken at `temperature`, as `old_logps` and `ref_logps` must be.
+@dataclass(frozen=True)
+class Turns:
+    """The turns an update trains on, one entry per turn in (episode_id, step) order: the token ids, the advantage,
+    and the per-token log-probs the loss reads (one 1-D tensor per turn over its response tokens, at the sampling
+    temperature). Shared by the update stage, which fills them phase by phase, and `ppo_update`."""
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    advantages: list[float]
+    old_logps: list | None = None          # log π_old
+    ref_logps: list | None = None          # the KL reference's, where `update.kl_coef` > 0
+    weights: list | None = None            # behaviour weights min(π_prox / π_behav, cap), one step off-policy
+    engine_logprobs: list | None = None    # the rollout engine's, as the rollout wrote them
 
-    With `world` > 1 processes (torch.distributed initialised), every process draws the same minibatches, runs
-    its own share of each (`share`), and the gradients and statistics are summed across processes before the
-    same clipped optimiser step on each: the update is that of one process, up to float summation order.
-    With `sharded` (an FSDP model, `pipeline.model.fsdp`) the backward passes reduce the gradients themselves, so
-    every process runs as many micro-batches as the busiest one (a process short of turns runs one more with its
-    loss times 0: FSDP's collectives must pair up). `trace` receives each optimiser step's loss.
-    `behaviour_weights` (one 1-D tensor per turn): the decoupled loss's token weights (`policy_loss`)."""
-    n = len(prompts)
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an update runs: process `rank` of `world` (torch.distributed initialised when `world` > 1), each with
+    the whole model or (`sharded`) an FSDP shard of it (`pipeline.model.fsdp`)."""
+    rank: int = 0
+    world: int = 1
+    sharded: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    stats: dict[str, float]       # each statistic's mean over the optimiser steps, and `skipped_steps`
+    step_losses: list[float]      # every optimiser step's loss, in order
+
+
+def ppo_update(model, optimizer, turns: Turns, cfg, pad_id: int, seed: int, temperature: float = 1.0,
+               placement: Placement = Placement(), progress: Callable[[str], None] | None = None) -> UpdateResult:
+    """`cfg.epochs` (`UpdateConfig`) passes of shuffled minibatches of `turns` (`minibatches`: near-equal sizes of
+    at most `cfg.minibatch_size`), from `turns.old_logps` (and `ref_logps`, `weights` where given). The new
+    log-probs are taken at `temperature`, as the turns' must be.
+
+    With `placement.world` > 1 processes, every process draws the same minibatches, runs its own share of each
+    (`share`), and the gradients and statistics are summed across processes before the same clipped optimiser step
+    on each: the update is that of one process, up to float summation order. `sharded` (FSDP): the backward passes
+    reduce the gradients themselves, so every process runs as many micro-batches as the busiest one (a process
+    short of turns runs one more with its loss times 0: FSDP's collectives must pair up)."""
+    if turns.old_logps is None:
+        raise ValueError("ppo_update: the turns carry no log pi_old (Turns.old_logps)")
+    n = len(turns.prompts)
+    world, sharded = placement.world, placement.sharded
     gen = torch.Generator().manual_seed(seed)
     stats: dict[str, list[float]] = {k: [] for k in (*STATS, "grad_norm")}
+    losses: list[float] = []
     steps_total = cfg.epochs * minibatch_count(n, cfg.minibatch_size)
     ticker = Ticker(steps_total, every=10)
     step = 0
     stepper = Stepper(model, optimizer, cfg.grad_clip)
-    turns = _Turns(prompts, responses, advantages, old_logps, ref_logps, pad_id, behaviour_weights)
     model.train()
     for epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen).tolist()
         for mb, idx in enumerate(minibatches(order, cfg.minibatch_size)):
             where = f"epoch {epoch}, minibatch {mb}"
             optimizer.zero_grad(set_to_none=True)
-            sums = _minibatch_backward(model, stepper, turns, idx, cfg, temperature, rank, world, sharded, where)
+            sums = _minibatch_backward(model, stepper, turns, pad_id, idx, cfg, temperature, placement, where)
             if world > 1:
                 if not sharded:
                     all_reduce_grads(stepper.params)
                 sums = all_reduce_sums(sums, stepper.params[0].device)
             sums["grad_norm"] = stepper.step(where)
-            if trace is not None:
-                trace.append(sums["loss"])
+            losses.append(sums["loss"])
             step += 1
             for k, v in sums.items():
                 if math.isfinite(v):      # an fp16 step skipped for overflow has no norm to average
@@ -142,25 +168,15 @@ def ppo_update(model, optimizer, prompts, responses, advantages, old_logps, cfg,
     model.eval()
     out = {k: (sum(v) / len(v) if v else 0.0) for k, v in stats.items()}
     out["skipped_steps"] = float(stepper.skipped)
-    return out
+    return UpdateResult(out, losses)
 
 
-@dataclass(frozen=True)
-class _Turns:
-    prompts: list
-    responses: list
-    advantages: list
-    old_logps: list
-    ref_logps: list | None
-    pad_id: int
-    weights: list | None = None   # behaviour weights, one step off-policy
-
-
-def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temperature: float, rank: int,
-                        world: int, sharded: bool, where: str) -> dict[str, float]:
+def _minibatch_backward(model, stepper, turns: Turns, pad_id: int, idx: list[int], cfg, temperature: float,
+                        placement: Placement, where: str) -> dict[str, float]:
     """Backward passes of this process's share of minibatch `idx`, in micro-batches; the sums of its statistics.
     The loss is a token mean over the whole minibatch: each micro-batch's sums are divided by its tokens."""
     tokens = float(max(sum(len(turns.responses[i]) for i in idx), 1))
+    rank, world, sharded = placement.rank, placement.world, placement.sharded
     sums = dict.fromkeys(STATS, 0.0)
     parts = [_micro(turns, share(idx, r, world), cfg) for r in range(world)]
     mine = parts[rank]
@@ -170,7 +186,7 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
         idle = not part          # a sharded process with no turns left: a pass that adds nothing
         if idle:
             part = idx[:1]
-        loss, parts = _micro_batch_loss(model, turns, part, cfg, temperature, tokens, where)
+        loss, parts = _micro_batch_loss(model, turns, pad_id, part, cfg, temperature, tokens, where)
         if idle:
             stepper.backward(loss * 0.0)
             continue
@@ -180,18 +196,18 @@ def _minibatch_backward(model, stepper, turns: _Turns, idx: list[int], cfg, temp
     return sums
 
 
-def _micro(turns: _Turns, mine: list[int], cfg) -> list[list[int]]:
+def _micro(turns: Turns, mine: list[int], cfg) -> list[list[int]]:
     """A process's share of a minibatch in micro-batches: `micro_batch_size` turns each in the minibatch's order,
     or (`packing` tree with `micro_batch_tokens`) prefix trees of at most that many tokens."""
     return passes(turns.prompts, turns.responses, mine, cfg.micro_batch_size or cfg.minibatch_size, cfg.packing,
                   cfg.micro_batch_tokens)
 
 
-def _micro_batch_loss(model, turns: _Turns, part: list[int], cfg, temperature: float, tokens: float,
+def _micro_batch_loss(model, turns: Turns, pad_id: int, part: list[int], cfg, temperature: float, tokens: float,
                       where: str) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of the turns `part` (its sums over `tokens`, the minibatch's) and its statistics."""
     logp, entropy, resp = response_logprobs(model, [turns.prompts[i] for i in part],
-                                            [turns.responses[i] for i in part], turns.pad_id, cfg.packing,
+                                            [turns.responses[i] for i in part], pad_id, cfg.packing,
                                             with_entropy=cfg.entropy_coef > 0, temperature=temperature)
     resp = resp.to(logp.device)
     old = torch.zeros_like(logp)

@@ -29,8 +29,11 @@ class StageContext:
     args: argparse.Namespace | None = None   # the stage's own options (`options` of parse_args)
     requested_dtype: str | None = None       # `policy.dtype` as the params file says it (`auto` is resolved in params)
     dtype_why: str | None = None             # why the run computes in `params.policy.dtype`
+    quiet: bool = False                      # a process other than the first of a multi-process stage: no lines
 
     def log(self, msg: str) -> None:
+        if self.quiet:
+            return
         elapsed = time.perf_counter() - self.started
         where = self.stage if self.iteration is None else f"{self.stage}[{self.iteration}]"
         print(f"[{where} {elapsed:7.1f}s] {msg}", flush=True)

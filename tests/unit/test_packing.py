@@ -214,10 +214,10 @@ def test_with_gradient_checkpointing_the_trees_take_the_mask_and_train_alike(mon
 
 
 def test_the_tree_micro_batches_of_the_update_regroup_turns():
-    from pipeline.model.ppo import _micro, _Turns
+    from pipeline.model.ppo import Turns, _micro
 
     prompts, responses, adv = shared_turns()
-    turns = _Turns(prompts, responses, adv, [], None, PAD)
+    turns = Turns(prompts, responses, adv, [])
     cfg = UpdateConfig(minibatch_size=12, packing="tree", micro_batch_tokens=40)
     parts = _micro(turns, list(range(12)), cfg)
     assert sorted(i for p in parts for i in p) == list(range(12)) and len(parts) > 1

@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipeline.config.params import UpdateConfig
 from pipeline.model.policy import generate, load_policy
-from pipeline.model.ppo import ppo_update, sequence_logprobs
+from pipeline.model.ppo import Turns, ppo_update, sequence_logprobs
 from pipeline.model.precision import compute_dtype
 
 PAD, EOS = 0, 1
@@ -45,7 +45,7 @@ def one_step(model, lr: float):
     old = sequence_logprobs(model, prompts, responses, PAD, 8)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     cfg = UpdateConfig(lr=lr, epochs=1, minibatch_size=8)
-    return ppo_update(model, opt, prompts, responses, adv, old, cfg, PAD, seed=0)
+    return ppo_update(model, opt, Turns(prompts, responses, adv, old), cfg, PAD, seed=0).stats
 
 
 def q_proj(model) -> torch.Tensor:
@@ -93,9 +93,10 @@ def test_log_pi_old_is_taken_at_the_sampling_temperature(folder):
     assert (at_1 - engine).abs().max() > 0.05                  # at temperature 1 it would not be
     # and PPO at that temperature starts from ratio 1: nothing clipped, no KL, on the first minibatch
     cfg = UpdateConfig(epochs=1, minibatch_size=64, lr=1e-3)
-    stats = ppo_update(copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=0.0), prompts, responses,
-                       [1.0] * 8, sequence_logprobs(model, prompts, responses, PAD, 8, temperature=0.7), cfg, PAD,
-                       seed=0, temperature=0.7)
+    stats = ppo_update(copy.deepcopy(model), torch.optim.AdamW(model.parameters(), lr=0.0),
+                       Turns(prompts, responses, [1.0] * 8,
+                             sequence_logprobs(model, prompts, responses, PAD, 8, temperature=0.7)), cfg, PAD,
+                       seed=0, temperature=0.7).stats
     assert stats["clipfrac"] == 0.0 and abs(stats["approx_kl"]) < 1e-6
 
 
@@ -121,7 +122,7 @@ def test_a_lora_base_stored_in_bf16_trains_the_adapters_exactly_as_autocast_did(
         prompts, responses, adv = batch()
         old = sequence_logprobs(model, prompts, responses, PAD, 8)
         opt = torch.optim.AdamW([w for w in model.parameters() if w.requires_grad], lr=1e-2)
-        ppo_update(model, opt, prompts, responses, adv, old, UpdateConfig(lr=1e-2, epochs=1, minibatch_size=8,
+        ppo_update(model, opt, Turns(prompts, responses, adv, old), UpdateConfig(lr=1e-2, epochs=1, minibatch_size=8,
                    packing=packing), PAD, seed=0)
         results.append(({n: w.detach().clone() for n, w in model.named_parameters() if w.requires_grad}, dtypes,
                         old))

@@ -230,7 +230,7 @@ def test_one_step_raises_the_chosen_turn_against_the_rejected_one():
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     update = UpdateConfig(epochs=1, micro_batch_size=2)
     stats = step_dpo_update(model, opt, prompts, responses, pairs, before, StepDpoSettings(beta=1.0, sft_weight=0),
-                            update, 0, seed=0)
+                            update, 0, seed=0).stats
     after = sums()
     assert after[0] - after[1] > before[0] - before[1] and after[3] - after[2] > before[3] - before[2]
     # at the reference the implicit rewards are 0: loss -log sigmoid(-m), the mean of log 2 and softplus(0.5)
@@ -253,10 +253,9 @@ def test_pairs_in_prefix_trees_of_a_token_budget_train_as_in_padded_passes(monke
     for name, update in {"padded": UpdateConfig(epochs=2, micro_batch_size=2),
                          "trees": UpdateConfig(epochs=2, packing="tree", micro_batch_tokens=13)}.items():
         packs = counting_packs(monkeypatch)
-        trace = []
         m = copy.deepcopy(model).train()
-        step_dpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), prompts, responses, pairs, ref, settings,
-                        update, 0, seed=0, trace=trace)
+        trace = step_dpo_update(m, torch.optim.SGD(m.parameters(), lr=0.1), prompts, responses, pairs, ref, settings,
+                                update, 0, seed=0).step_losses
         runs[name] = (trace, list(packs))
     # the pairs sharing 5 6 (0 and 2: 13 tokens as one tree) go together, the third alone (6): 2 trees an epoch
     assert runs["trees"][1] == [4, 2] * 2 and runs["padded"][1] == []
