@@ -1,5 +1,5 @@
 """Draw docs/smollm2_2to5_seeds.png: SmolLM2's held-out success by iteration, GRPO and GiGPO, one panel a seed and
-machine, from the numbers measured in docs/real-models.md (each section gives the commands that made them).
+machine, from the numbers measured in docs/results/real-models.md (each section gives the commands that made them).
 
     PYTHONPATH=. python docs/figures/smollm2_seeds.py [out.png]
 """

@@ -267,7 +267,7 @@ class StepDpoSettings(Section):
         "previous", description="pi_ref: the checkpoint the update starts from, or the initial policy")
     sft_weight: float = Field(1.0, ge=0.0, description="weight of the chosen turns' negative log-likelihood, added "
                               "(0: plain DPO, which lowered the chosen turns' log-probs too and collapsed on Sokoban; "
-                              "docs/results.md, Step-level DPO against PPO on the same rollouts)")
+                              "docs/results/preferences.md, Step-level DPO against PPO on the same rollouts)")
     max_pairs_per_state: int = Field(4, ge=1, le=1024, description="the pairs of one state kept at most (those of "
                                      "the largest gaps)")
     minibatch_pairs: int = Field(16, ge=1, description="pairs per optimiser step, at most")

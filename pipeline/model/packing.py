@@ -320,7 +320,7 @@ def _path_attention(module, query, key, value, attention_mask, dropout: float = 
 def _cpu_kernel(device):
     """On a CPU, SDPA's kernel `ATTENTION["cpu_kernel"]`: the math one computes the scores with matrix products,
     as accurate as the flash kernel in bf16, and on short paths of narrow heads (SmolLM2's: 64 wide) the faster of
-    the two in bf16 (docs/results.md, bf16 on a CPU; `bench.precision`); elsewhere SDPA picks."""
+    the two in bf16 (docs/results/README.md, bf16 on a CPU; `bench.precision`); elsewhere SDPA picks."""
     if device.type != "cpu" or ATTENTION["cpu_kernel"] != "math":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -11,7 +11,7 @@ distribution toward the mixture, so the initial policy knows the mapping but pla
 sharpen it. `random_action_share` also decides which states the demonstrations visit: more random moves, more
 off-path states with an optimal label, the states a noisy policy actually meets.
 
-Why these settings, with the measurements behind them: docs/results.md, "Warm-start settings".
+Why these settings, with the measurements behind them: docs/results/default-run.md, "Warm-start settings".
 """
 
 from __future__ import annotations

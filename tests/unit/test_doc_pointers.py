@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-POINTER = re.compile(r"(README(?:\.md)?|docs/[\w.-]+\.md)(?:#([\w-]+)|[,:] ?\"?([^)\"]+?)\"?\))")
-LINK = re.compile(r"\]\(((?:docs/)?[\w.-]+\.md|README\.md)?#([\w-]+)\)")
+POINTER = re.compile(r"(README(?:\.md)?|docs/(?:[\w-]+/)?[\w.-]+\.md)(?:#([\w-]+)|[,:] ?\"?([^)\"]+?)\"?\))")
+LINK = re.compile(r"\]\(((?:\.\./|docs/)?(?:[\w-]+/)?[\w.-]+\.md|README\.md)?#([\w-]+)\)")
 SOURCES = ("pipeline/**/*.py", "stages/*.py", "bench/*.py")
 
 
@@ -99,10 +99,9 @@ def test_a_message_points_to_a_section_that_exists(src, doc, anchor, section):
 
 def test_links_to_anchors_in_the_readme_and_docs_lead_to_headings():
     bad = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]:
         for target, anchor in LINK.findall(page.read_text()):
-            path = page if not target else (page.parent / target if page.parent.name == "docs" and
-                                            not target.startswith("docs/") else ROOT / target)
+            path = page if not target else (ROOT / target if page.parent == ROOT else page.parent / target)
             if not path.is_file() or anchor not in {slug(h) for h in headings(path)}:
                 bad.append(f"{page.relative_to(ROOT)}: ({target}#{anchor})")
     assert not bad, "links to no heading:\n" + "\n".join(bad)
