@@ -27,9 +27,10 @@ import torch
 from pipeline.config.params import CreditConfig, Params
 from pipeline.credit.base import EPS
 from pipeline.credit.methods import compute_advantages
-from pipeline.credit.methods.gae import Critic, GaeBatch, GaeState, TurnCritic, explained_variance, gae, value_loss
+from pipeline.credit.methods.gae import GaeBatch, GaeState, TurnCritic, gae
 from pipeline.credit.reward_model import fit_iteration
 from pipeline.data.section import FitBatching
+from pipeline.model.critic import Critic, explained_variance, value_loss
 from tests.conftest import PAD, batch, counting_packs, tiny_llama
 
 EPISODES = {0: (0, [0.0, 0.0, 1.0], [0.5, 0.2, 0.4]), 1: (0, [1.0, -1.0], [0.8, 1.0]), 2: (1, [2.0], [0.5])}

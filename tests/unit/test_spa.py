@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.credit.methods.spa import ProgressEstimator, SpaConfig, spa_loss, train_progress
+from pipeline.credit.methods.spa import SpaConfig
 from pipeline.data.section import FitBatching
+from pipeline.model.progress_estimator import ProgressEstimator, spa_loss, train_progress
 from tests.conftest import PAD, ROOT, batch, counting_packs, tiny_llama
 from tests.unit.test_credit_methods import advantages
 
@@ -58,7 +59,7 @@ def test_spa_estimator_loss_falls_and_round_trips(tmp_path):
 
 def test_spa_estimator_batches_are_near_equal(tmp_path, monkeypatch):
     """12 episodes at 5 per batch: three optimiser steps on 4 episodes each, not 5, 5 and a last step on 2."""
-    import pipeline.credit.methods.spa as spa
+    import pipeline.model.progress_estimator as spa
 
     tiny_llama().save_pretrained(tmp_path / "policy")
     est = ProgressEstimator.from_policy(tmp_path / "policy")

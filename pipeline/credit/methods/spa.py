@@ -8,7 +8,9 @@ The estimator is the policy's base model plus a scalar head on the final hidden 
 (**Decision**: on the hidden state, not on the vocabulary logits), zero-initialised so that a new estimator gives
 every turn c_t = 0. Each iteration the replay (SPA's `replay.parquet`: the turns of the last `replay_iterations`
 iterations) is extended with this iteration's turns, the estimator trains on it so that each episode's
-contributions sum to its outcome, `(Σ_t c_t − R_final(τ))²`, and then scores this iteration's turns.
+contributions sum to its outcome, `(Σ_t c_t − R_final(τ))²`, and then scores this iteration's turns. The estimator
+and its training are `pipeline.model.progress_estimator`; this module has the advantage, the replay, the method's
+settings and its fit stage's steps.
 
 Loading params imports this module (the schema is assembled from the method registry), so torch, transformers
 and `pipeline.model` are imported inside the functions that train or score (start-up cost).
@@ -16,7 +18,6 @@ and `pipeline.model` are imported inside the functions that train or score (star
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,14 +28,12 @@ from pydantic import Field
 
 from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
-from pipeline.data.batches import minibatch_count, minibatches
 from pipeline.data.section import FitBatching, LoraSettings, Mode
 from pipeline.data.seeds import stage_seed
 from pipeline.data.tables import Table, empty_table
-from pipeline.model.scalar_head import ScalarHeadModel, pad_id
-from pipeline.progress import Ticker
+from pipeline.model.progress_estimator import ProgressEstimator, spa_loss, train_progress
+from pipeline.model.scalar_head import pad_id
 
-HEAD_FILE = "progress_head.pt"
 REPLAY_FILE = "replay.parquet"
 REPLAY = Table(pa.schema([           # the estimator's training window: the turns of recent iterations
     ("iteration", pa.int32()),
@@ -67,67 +66,6 @@ def terms(t, cfg, episode) -> Terms:
     r_spa = cfg.progress_w * t.col("score").astype(np.float64) + cfg.grounding_w * t.valid.astype(np.float64)
     G = t.returns(r_spa, cfg.gamma)
     return Terms(episode_advantage(t, episode), G, cfg.step_advantage_w * group_norm(G, t.task, cfg.mode))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The progress estimator
-
-class ProgressEstimator(ScalarHeadModel):
-    """The policy's body and a zero-initialised scalar head read at each turn's last token (prompt + response)."""
-    head_file = HEAD_FILE
-    kind = "progress estimator"
-
-    def contributions(self, prompts, responses, pad_id: int, batching: FitBatching, grad: bool = False):
-        """c_t for each turn (prompt + response, in passes: right-padded or prefix trees)."""
-        return self.values(prompts, responses, pad_id, batching, grad)
-
-
-def spa_loss(c, turn_episode, outcome):
-    """SPA's loss (docs/credit-assignment.md, SPA): mean over episodes of `(Σ_t c_t − R_final(τ))²`."""
-    import torch  # start-up cost: torch
-
-    total = torch.zeros(len(outcome), dtype=c.dtype, device=c.device).index_add(0, turn_episode.to(c.device), c)
-    return ((total - outcome.to(device=c.device, dtype=c.dtype)) ** 2).mean()
-
-
-def train_progress(est: ProgressEstimator, optimizer, prompts, responses, turn_episode: np.ndarray,
-                   outcome: np.ndarray, cfg, pad_id: int, seed: int, progress: Log = None) -> dict[str, float]:
-    """`cfg.epochs` passes over the replay in shuffled near-equal batches of at most `cfg.episodes_per_batch` whole
-    episodes (`pipeline.data.batches.minibatches`, as the policy update cuts its turns); a batch's turns go through
-    the estimator a pass at a time (`ScalarHeadModel.fit_step`), so memory is bounded by the pass, not the batch."""
-    import torch  # start-up cost: torch
-
-    from pipeline.model.precision import Stepper  # start-up cost: torch
-
-    n_eps = len(outcome)
-    turns_of = [[] for _ in range(n_eps)]
-    for t, e in enumerate(turn_episode):
-        turns_of[e].append(t)
-    gen = torch.Generator().manual_seed(seed)
-    stepper = Stepper(est.modules, optimizer, cfg.grad_clip)
-    epoch_losses = []
-    steps_total = cfg.epochs * minibatch_count(n_eps, cfg.episodes_per_batch)
-    ticker = Ticker(steps_total, every=10)
-    step = 0
-    for epoch in range(cfg.epochs):
-        order = torch.randperm(n_eps, generator=gen).tolist()
-        batch_losses, weights = [], []
-        est.train()
-        for eps in minibatches(order, cfg.episodes_per_batch):
-            rows = [t for e in eps for t in turns_of[e]]
-            local = torch.tensor([i for i, e in enumerate(eps) for _ in turns_of[e]], dtype=torch.long)
-            target = torch.as_tensor(outcome[eps])
-            loss = est.fit_step([prompts[t] for t in rows], [responses[t] for t in rows], pad_id, cfg,
-                                lambda c: spa_loss(c, local, target), stepper, f"SPA estimator epoch {epoch}")
-            batch_losses.append(loss)
-            weights.append(len(eps))
-            step += 1
-            if progress is not None and ticker.due(step):
-                progress(f"estimator step {step}/{steps_total}: loss {batch_losses[-1]:.4f}, "
-                         f"{ticker.pace(step)}")
-        epoch_losses.append(float(np.average(batch_losses, weights=weights)) if batch_losses else float("nan"))
-    est.eval()
-    return {f"estimator_loss_epoch_{i}": v for i, v in enumerate(epoch_losses) if math.isfinite(v)}
 
 
 @dataclass
