@@ -54,6 +54,7 @@ from pipeline.credit.oracle import (
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.paths import iterations_with
 from pipeline.data.tables import STEPS, atomic_file, read_table, write_text_atomic
+from pipeline.envs.base import spec_of as env_spec
 from pipeline.workflow.runs import run_folder
 
 # one row per (method, turn) in credit_quality_turns.parquet: what each method gave each turn, and the oracle's word
@@ -120,6 +121,11 @@ def terms_by_turn(turns: pl.DataFrame) -> pl.DataFrame:
 def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log: bool = True,
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
     params = load_params(params_file, list(sets))
+    spec = env_spec(params.env)
+    for method in [m for m in methods if any(not spec.offers(c) for c in METHODS[m].requires)]:
+        print(f"{method}: left out, it reads {', '.join(METHODS[method].requires)}(), which the {spec.name} "
+              "environment does not give", flush=True)
+    methods = [m for m in methods if all(spec.offers(c) for c in METHODS[m].requires)]
     iterations = iterations_with(run_dir, "steps.parquet")
     iterations = [i for i in iterations if last is None or i <= last]
     if not iterations:

@@ -18,6 +18,7 @@ from pipeline.config.files import ParamsError, chain_of, origin_of, read_params
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
 from pipeline.data.section import LoraSettings, MicroBatching, Section
 from pipeline.data.seeds import MAX_INDEX, MAX_ITERATION
+from pipeline.envs.base import CAPABILITIES
 from pipeline.envs.base import registered as registered_envs
 from pipeline.model.gguf_import import gguf_header, is_gguf
 from pipeline.rollout.shards import shard_slices
@@ -517,6 +518,12 @@ def missing_dependencies(params: Params) -> list[str]:
         problems.append("key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm "
                         "(docs/models.md, Rollout engines), or set rollout.engine: hf")
     spec = ENV_REGISTRY[params.env.name]
+    method = METHODS[params.credit.method]
+    for capability in method.requires:
+        if not spec.offers(capability):
+            problems.append(f"key 'credit.method': {method.name} reads {CAPABILITIES[capability]}, which the "
+                            f"{spec.name} environment does not give (no {capability}()): choose another "
+                            "credit.method or an environment that has it (docs/environments.md)")
     absent = spec.missing()
     if absent:
         problems.append(f"key 'env.name': {spec.needs(absent)}: install the project as the README says "

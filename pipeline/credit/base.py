@@ -72,6 +72,12 @@ class Method:
     # updates): step_value(table, config, gamma), one value per row; None: the discounted return of the
     # environment's rewards at `gamma` (update.step_dpo.gamma)
     step_value: Callable[[StepTable, Section, float], np.ndarray] | None = None
+    # the optional environment capabilities the method reads (`pipeline.envs.base.CAPABILITIES`, e.g. IGPO's
+    # `gold_answer`): an environment without one is refused when the params load, naming `credit.method`
+    requires: tuple[str, ...] = ()
+    # the method's episode term is its own, not the shared `credit.episode` one (RLOO: its baseline; IGPO: none, the
+    # outcome is its last turn's reward)
+    own_episode_term: bool = False
 
     @property
     def fits(self) -> bool:

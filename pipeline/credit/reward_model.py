@@ -126,7 +126,8 @@ def save_state(model: StepRewardModel, state, model_dir: Path, iter_dir: Path) -
     """Write `state` as `model_dir` (atomically, whole), its optimiser's state and its extra tables into
     `iter_dir`. The caller prunes older optimiser states (`adamw.prune`) once all its outputs are written."""
     from pipeline.model import adamw  # start-up cost: torch
-    adamw.save(state.optimizer, iter_dir, OPTIMIZER)
+    if state.optimizer is not None:    # a scorer that learns nothing (IGPO) has none
+        adamw.save(state.optimizer, iter_dir, OPTIMIZER)
     with atomic_dir(model_dir) as tmp:
         tables = model.save(state, tmp)
     for name, df in tables.items():
@@ -141,5 +142,6 @@ def load_state(model: StepRewardModel, model_dir: Path, iter_dir: Path, params):
 
     tables = {name: read_table(iter_dir / name, schema) for name, schema in model.extra_tables.items()}
     state = model.load(model_dir, tables, params)
-    adamw.restore(state.optimizer, iter_dir, OPTIMIZER, required=True)
+    if state.optimizer is not None:
+        adamw.restore(state.optimizer, iter_dir, OPTIMIZER, required=True)
     return state

@@ -22,6 +22,9 @@ Optional capabilities, present as methods where the environment has them (`has`,
 - `task_brief()` / `task_context()`: the task in a line, for a demonstration of it in another task's prompt, and
   the leading part of `task_description()` that tasks share (a database's schema), which retrieved demonstrations
   follow (`pipeline.rollout.demonstrations`);
+- `gold_answer()`: the response that answers the current task correctly, as `(prefix, answer, suffix)` with the
+  answer's text in the middle (`("<answer>", "Paris", "</answer>")`), whose probability under the policy IGPO
+  scores after each turn (`pipeline.credit.methods.igpo`);
 - `snapshot()` / `restore(state)`: an opaque copy of the current state, and putting a freshly made environment in
   that state (task included), for branching rollouts; without them a branch replays its parent's responses from
   `reset(task)` (`pipeline.rollout.branching`).
@@ -33,6 +36,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,7 @@ CAPABILITIES = {
     "task_score": "a task score in [0, 1]",
     "snapshot": "a copy of its state that restore() puts a new environment in (branching without replay)",
     "task_labels": "labels of a task (a question's type, its hardness) that reports split results by",
+    "gold_answer": "the current task's gold answer as a response (IGPO's information gain)",
 }
 
 
@@ -96,6 +101,17 @@ class EnvSpec:
     # lacks(config, capability) -> why an environment made from this config will lack an optional capability that
     # its class may have (a user's data without what the capability needs), or None; read when the params load
     lacks: Callable[[Any, str], str | None] | None = None
+
+    def env_class(self) -> type:
+        """The class `make` returns: `make` itself where it is one, else its return annotation."""
+        if isinstance(self.make, type):
+            return self.make
+        return typing.get_type_hints(self.make)["return"]
+
+    def offers(self, capability: str) -> bool:
+        """Whether the environment's class has the optional capability (`CAPABILITIES`), known without making
+        one: for the checks when params load."""
+        return callable(getattr(self.env_class(), capability, None))
 
     def missing(self, by_import: bool = False) -> list[str]:
         """The modules of `requires` this Python cannot find (`importlib.util.find_spec`: nothing imported, for the

@@ -15,6 +15,7 @@ import yaml
 
 from bench import credit_quality, throughput
 from pipeline.config.params import METHOD_NAMES
+from tests.conftest import SOKOBAN_METHODS
 
 
 def test_throughput_smoke(tmp_path):
@@ -103,18 +104,18 @@ def test_terms_by_turn_by_hand():
 def test_credit_quality_smoke(grpo_run, tmp_path):
     out = tmp_path / "bench"
     df = credit_quality.run(grpo_run / "results", grpo_run / "params.yaml", out, list(METHOD_NAMES), log=False)
-    assert df["method"].to_list() == list(METHOD_NAMES)
+    assert df["method"].to_list() == list(SOKOBAN_METHODS)       # IGPO left out: Sokoban has no gold answer
     rows = {r["method"]: r for r in df.iter_rows(named=True)}
     for m in ("grpo", "rloo"):                     # episode-level only: no step signal at all
         assert rows[m]["share_nonzero_step_signal"] == 0.0
     assert rows["grpo"]["auc_step_term"] == 0.5 or math.isnan(rows["grpo"]["auc_step_term"])
-    assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in METHOD_NAMES)
+    assert all(0.0 <= rows[m]["share_nonzero_step_signal"] <= 1.0 for m in SOKOBAN_METHODS)
     assert (out / "credit_quality.csv").exists() and (out / "credit_quality.png").stat().st_size > 0
     baselines = pl.read_csv(out / "credit_quality_baselines.csv")
     assert baselines["baseline"].to_list() == ["turns_left", "turns_left_then_success"]
     turns = pl.read_parquet(out / "credit_quality_turns.parquet")   # the rows behind each AUC
-    assert turns.height == len(METHOD_NAMES) * rows["grpo"]["turns"]
-    for m in METHOD_NAMES:
+    assert turns.height == len(SOKOBAN_METHODS) * rows["grpo"]["turns"]
+    for m in SOKOBAN_METHODS:
         t = turns.filter((pl.col("method") == m) & pl.col("good").is_not_null())
         auc = credit_quality.roc_auc(t["advantage"].to_numpy(), t["good"].to_numpy())
         assert auc == pytest.approx(rows[m]["auc"], nan_ok=True)

@@ -66,3 +66,26 @@ def test_tiny_search_configuration_runs_every_stage(tmp_path, monkeypatch):
     assert (run / "report/report.html").is_file() or any((run / "report").iterdir())
     assert len(list((tmp_path / "cache/search-index").iterdir())) == 1     # one index for every stage, in the cache
     assert not (tmp_path / "results/envs/search-index").exists()          # none under the working directory
+
+
+def test_tiny_search_configuration_with_igpo_scores_every_turn_in_the_fit_stage(tmp_path, monkeypatch):
+    """IGPO through the stages: the fit stage scores each turn's information gain with the policy that sampled it
+    (0 on an episode's last turn, whose reward is the outcome), keeps no model but a marker, and the advantages
+    read them."""
+    import json
+
+    import polars as pl
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    params = run_env_config(tmp_path, "search.yaml", credit={"method": "igpo"}, policy={"max_new_tokens": 16})
+    run = tmp_path / params["run"]["dir"]
+    steps = pl.read_parquet(run / "iter_1/steps.parquet").sort("episode_id", "step")
+    scores = pl.read_parquet(run / "iter_1/step_rewards.parquet").sort("episode_id", "step")
+    last = (steps["step"] == steps["episode_length"] - 1).to_list()
+    assert scores.height == steps.height and all(s == 0.0 for s, lst in zip(scores["score"], last) if lst)
+    assert any(s != 0.0 for s, lst in zip(scores["score"], last) if not lst)      # gains measured on the others
+    fit = json.loads((run / "iter_1/fit_metrics.json").read_text())
+    assert 0.0 < fit["answer_prob_mean"] < 1.0
+    assert json.loads((run / "iter_1/reward_model/igpo.json").read_text())["learned"] is False
+    adv = pl.read_parquet(run / "iter_1/advantages.parquet")
+    assert adv.height == steps.height and (adv["episode_advantage"] == 0.0).all()

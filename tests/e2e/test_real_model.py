@@ -7,6 +7,7 @@ the engine's sampled log-probs against the trainer's on 30 layers."""
 
 import json
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -111,3 +112,31 @@ def test_vllm_samples_smollm2_with_the_trainers_logprobs(run, policies):
             logp, _ = token_logprobs(model, ids, resp, temperature=t)
         gaps[t] = float((logp[resp] - engine).abs().max())
     assert gaps[TEMPERATURE] < 5e-3 and gaps[1.0] > 0.1, f"largest gap, nats, by the trainer's temperature: {gaps}"
+
+
+def test_igpos_gain_is_positive_for_a_turn_whose_result_holds_the_answer(policies):
+    """IGPO on SmolLM2: a search result that names the answer raises the policy's probability of answering it
+    (a positive information gain), and by more than a result that does not name it."""
+    from pipeline.credit.methods.igpo import answer_logprobs
+    from pipeline.data.section import FitBatching
+
+    model, tok = policies[0]
+    question = "Answer the question, searching as needed. Question: In which town was the Velmoran Archive founded?"
+    found = ("<information>Doc 1 (Title: Velmoran Archive) The Velmoran Archive was founded in the town of "
+             "Quellbrook in 1821.</information>")
+    other = ("<information>Doc 1 (Title: Velmoran Archive) The Velmoran Archive holds maps and letters of "
+             "merchants.</information>")
+
+    def prompt(*turns):
+        messages = [{"role": "user", "content": question}]
+        for result in turns:
+            messages += [{"role": "assistant", "content": "<search>Velmoran Archive</search>"},
+                         {"role": "user", "content": result}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    prefix = tok("<answer>", add_special_tokens=False)["input_ids"]
+    gold = tok("Quellbrook", add_special_tokens=False)["input_ids"]
+    p = np.exp(answer_logprobs(model, [prompt(), prompt(found), prompt(other)], [(prefix, gold)] * 3,
+                               tok.pad_token_id, FitBatching(batch_size=3)))
+    assert p[1] - p[0] > 0.05 and p[1] - p[0] > p[2] - p[0], p

@@ -26,4 +26,4 @@ def terms(t, cfg, episode) -> Terms:
 
 
 METHOD = register(Method("rloo", "R(τ) − mean of the other episodes' R (its own episode term)", RlooConfig,
-                         terms, order=1))
+                         terms, order=1, own_episode_term=True))

@@ -456,6 +456,10 @@ class SearchEnv:
     def task_score(self) -> float:
         return f1_score(self.answer, self.question.answers) if self.answer is not None else 0.0
 
+    def gold_answer(self) -> tuple[str, str, str]:
+        """The first golden answer, as IGPO's released code takes it, in the answer tag."""
+        return "<answer>", self.question.answers[0], "</answer>"
+
     def snapshot(self) -> tuple:
         return self.question, tuple(self.found), self.text, self.turn, self.answer
 

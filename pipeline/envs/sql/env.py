@@ -468,6 +468,10 @@ class SqlEnv:
             return 0.0 if self.correct else math.inf
         return float(len(_gold_plan(self.path, self.task.query).components - self.covered) + 1)
 
+    def gold_answer(self) -> tuple[str, str, str]:
+        """The gold query as the answer: the text the policy would write to answer correctly."""
+        return "<answer>", self.task.query, "</answer>"
+
     def expert_actions(self) -> list[str]:
         if self.answer is not None:
             return []
