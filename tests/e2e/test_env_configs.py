@@ -89,3 +89,16 @@ def test_tiny_search_configuration_with_igpo_scores_every_turn_in_the_fit_stage(
     assert json.loads((run / "iter_1/reward_model/igpo.json").read_text())["learned"] is False
     adv = pl.read_parquet(run / "iter_1/advantages.parquet")
     assert adv.height == steps.height and (adv["episode_advantage"] == 0.0).all()
+
+
+@pytest.mark.xdist_group("sandbox")     # its programs share the sandbox user's process cap with the sandbox tests
+def test_tiny_python_configuration_end_to_end(tmp_path):
+    import polars as pl
+
+    params = run_env_config(tmp_path, "python.yaml", credit={"method": "gigpo"}, policy={"max_new_tokens": 24})
+    run = tmp_path / params["run"]["dir"]
+    steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
+    assert "<python>code</python>" in steps["prompt"][0] and "Problem: " in steps["prompt"][0]
+    held_out = pl.read_parquet(run / "iter_0/eval.parquet")
+    assert held_out["optimal_moves"].min() >= 2                   # a program, then the answer

@@ -12,7 +12,7 @@ from pipeline.envs.base import EnvSpec, register, registered
 
 
 def test_every_environment_is_found_by_its_name():
-    assert sorted(registered()) == ["alfworld", "search", "sokoban", "sql", "textworld", "webshop"]
+    assert sorted(registered()) == ["alfworld", "python", "search", "sokoban", "sql", "textworld", "webshop"]
     assert registered()["sql"].make.__module__ == "pipeline.envs.sql.env"
 
 

@@ -1,0 +1,130 @@
+"""The code-interpreter environment (pipeline/envs/python/): answers compared by value, the expert solves the shipped
+problems, the oracle's distance is exact over "run one reference program" (brute force), hostile programs come
+back as observations, and a user's GSM8K or MATH files load (without an oracle) or are refused by name."""
+
+import json
+from itertools import islice
+
+import pytest
+
+from pipeline.config.params import ParamsError, check_dependencies, load_params
+from pipeline.data.seeds import task_seed
+from pipeline.envs.base import make_env
+from pipeline.envs.python import problems
+from pipeline.envs.python.env import PythonConfig, _reference_results, same_answer
+
+pytestmark = pytest.mark.xdist_group("sandbox")       # its programs share the sandbox user's process cap
+
+
+@pytest.mark.parametrize("predicted, gold, right", [
+    ("2138322016", "2138322016", True), ("2138322017", "2138322016", False),
+    ("2,138,322,016", "2138322016", True), ("\\boxed{2,138,322,016}", "2138322016", True),
+    ("$280186.91", "280186.91", True), ("280186.92", "280186.91", False),
+    ("11.850", "11.85", True), ("\\frac{1}{3}", "0.333333333", True), ("1/3", "0.3333", False),
+    ("7.", "7", True), ("seven", "7", False), ("", "7", False),
+])
+def test_answers_are_compared_by_value(predicted, gold, right):
+    assert same_answer(predicted, gold) is right
+
+
+def test_the_shipped_problems_are_regenerated_byte_for_byte(tmp_path):
+    problems.write(tmp_path)
+    for name in problems.FILES:
+        assert (tmp_path / name).read_bytes() == (problems.OUT / name).read_bytes(), name
+    train, test = problems.load(problems.OUT)
+    assert len(train) == 600 and len(test) == 100 and {p.kind for p in test} == {
+        "product", "interest", "conversion", "counting", "dates", "modular"}
+    assert not {p.question for p in train} & {p.question for p in test}
+
+
+def test_the_expert_solves_held_out_problems_in_as_many_turns_as_the_oracle_says(tmp_path):
+    env = make_env(PythonConfig(max_turns=5), tmp_path)
+    for k in range(12):
+        env.reset(task_seed("eval", 0, 0, k))
+        first = env.oracle_distance()
+        assert first == len(env.problem.steps) + 1
+        turns = 0
+        while True:
+            r = env.step(env.expert_actions()[0])
+            turns += 1
+            if r.terminated:
+                break
+        assert r.success and r.reward == 1.0 and turns == first and env.oracle_distance() == 0
+
+
+def test_the_oracle_distance_is_exact_by_brute_force(tmp_path):
+    """Breadth-first over the actions "run one reference program whose inputs have appeared" and "answer": the
+    fewest turns to a right answer from every reachable state equals the oracle's distance there."""
+    env = make_env(PythonConfig(max_turns=10), tmp_path)
+    for k in islice(range(0, 600, 37), 12):
+        task = task_seed("train", 0, 1, k)
+        env.reset(task)
+        steps, results = env.problem.steps, _reference_results(env.problem.steps)
+        needs = [{j for j in range(len(steps)) if j != i and results[j] in steps[i]} for i in range(len(steps))]
+        full = frozenset(range(len(steps)))
+        best = {full: 1}               # programs run -> fewest turns to a right answer: from all done, the answer
+        states = [frozenset(i for i in range(len(steps)) if m >> i & 1) for m in range(1 << len(steps))]
+        for _ in range(len(states)):
+            for s in states:
+                if s in best:
+                    continue
+                options = [best[s | {i}] + 1 for i in range(len(steps)) if i not in s and needs[i] <= s
+                           and (s | {i}) in best]
+                if options:
+                    best[s] = min(options)
+        assert best[frozenset()] == len(steps) + 1
+        for s, turns in best.items():  # replay the state in the environment and ask the oracle
+            env.reset(task)
+            order = sorted(s, key=lambda i: len(needs[i]))
+            for i in order:
+                env.step(f"<python>{steps[i]}</python>")
+            assert env.oracle_distance() == turns, (task, sorted(s))
+
+
+def test_a_hostile_program_is_an_observation_and_the_episode_goes_on(tmp_path):
+    env = make_env(PythonConfig(max_turns=4, sandbox={"wall_s": 2.0, "cpu_s": 1}), tmp_path)
+    env.reset(task_seed("train", 0, 1, 0))
+    r = env.step("<python>import os\nwhile True:\n    os.fork()</python>")
+    assert r.action_valid and not r.terminated and r.observation.startswith("<result>")
+    r = env.step("<python>while True: pass</python>")
+    assert "stopped" in r.observation and not r.terminated
+    r = env.step("I think. <python>print(open('/etc/passwd').read())</python>")
+    assert "stderr: FileNotFoundError" in r.observation
+    r = env.step("no tag at all")
+    assert not r.action_valid and r.truncated
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_gsm8k_and_math_files_load_as_they_are_and_have_no_oracle(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"question": "Tom has 3 apples and buys 4. How many?",
+                                            "answer": "3 + 4 = 7\n#### 7"}])
+    write_jsonl(tmp_path / "test.jsonl", [{"problem": "What is $\\frac{1}{2} + \\frac{1}{3}$?",
+                                           "solution": "The sum is $\\boxed{\\frac{5}{6}}$."}])
+    train, test = problems.load(tmp_path)
+    assert (train[0].answer, test[0].answer) == ("7", "\\frac{5}{6}") and not train[0].steps
+    env = make_env(PythonConfig(data_path=str(tmp_path)), tmp_path)
+    env.reset(task_seed("eval", 0, 0, 0))
+    assert not hasattr(env, "oracle_distance") and env.gold_answer() == ("<answer>", "\\frac{5}{6}", "</answer>")
+    assert env.step("<answer>0.8333333333</answer>").success
+    p = load_params("configs/python.yaml", [f"env.data_path={tmp_path}"])
+    with pytest.raises(ParamsError, match="carry no reference steps"):
+        check_dependencies(p, "configs/python.yaml")          # the warm start needs the expert
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question": "q", "answer": "no marker"}, "a GSM8K answer ends in '#### <number>'"),
+    ({"problem": "p", "solution": "no box"}, "a MATH solution carries its answer in \\\\boxed"),
+    ({"text": "x"}, "expected question and answer"),
+])
+def test_a_bad_record_is_refused_naming_the_file_and_line(tmp_path, row, message):
+    write_jsonl(tmp_path / "train.jsonl", [{"question": "q", "answer": "#### 1"}, row])
+    write_jsonl(tmp_path / "test.jsonl", [{"question": "q", "answer": "#### 1"}])
+    with pytest.raises(ValueError, match=rf"{tmp_path}/train.jsonl: line 2: {message}"):
+        PythonConfig(data_path=str(tmp_path))
+
+
+def test_igpo_runs_on_it():
+    check_dependencies(load_params("configs/python.yaml", ["credit.method=igpo"]), "configs/python.yaml")
