@@ -85,5 +85,14 @@ def credit_table(params, steps_path, groups_path, rewards_path) -> pl.DataFrame:
     return table
 
 
-__all__ = ["METHODS", "EpisodeConfig", "Method", "credit_table", "own_history", "compute_advantages", "get",
-           "history_depth", "history_params"]
+__all__ = [
+    "METHODS",
+    "EpisodeConfig",
+    "Method",
+    "compute_advantages",
+    "credit_table",
+    "get",
+    "history_depth",
+    "history_params",
+    "own_history",
+]

@@ -25,7 +25,16 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, discounted_returns, episode_advantage, group_norm, register
+from pipeline.credit.base import (
+    EpisodeConfig,
+    Method,
+    StepTable,
+    Terms,
+    discounted_returns,
+    episode_advantage,
+    group_norm,
+    register,
+)
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora
 from pipeline.data.section import FitBatching, LoraSettings
 from pipeline.data.seeds import stage_seed
@@ -70,7 +79,10 @@ def gae(episode_id: np.ndarray, step: np.ndarray, reward: np.ndarray, values: np
     return discounted_returns(episode_id, step, delta, gamma * lam)
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: GaeConfig, episode: EpisodeConfig) -> Terms:
+    """GAE over turns (Schulman et al., 2016; verl's critic, turn-level as ArCHer's): `ω · whiten(GAE_t)`, plus
+    `A^E` with `episode_term`. In: the step table `t` with the fit stage's `score` (V(s_t)), the section and the
+    episode settings; out: the terms per row, the step score GAE_t."""
     A = gae(t.episode_id, t.step, t.reward, t.col("score"), cfg.gamma, cfg.lam)
     whitened = group_norm(A, np.zeros(t.n, dtype=np.int64), "mean_std_norm")   # over every turn of the iteration
     ep = episode_advantage(t, episode) if cfg.episode_term else t.zeros()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, register
+from pipeline.credit.base import EpisodeConfig, Method, StepTable, Terms, episode_advantage, group_norm, register
 from pipeline.credit.grouping import similarity_groups
 from pipeline.data.section import Mode, Section
 
@@ -23,7 +23,10 @@ class GigpoConfig(Section):
         "difflib ratio to a cluster's first member is at least this (0.95 in the paper)")
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: GigpoConfig, episode: EpisodeConfig) -> Terms:
+    """GiGPO (Feng et al., 2025; verl-agent's `gigpo` core): `A^E + ω · norm(G_t; same task group and anchor)`.
+    In: the step table `t` (rewards, `step_group`), the section (γ, mode, ω) and the episode settings; out: the terms
+    per row, the step score `G_t`."""
     if cfg.similarity_threshold is not None:
         groups = similarity_groups(t.df, cfg.similarity_threshold).to_numpy()
     else:

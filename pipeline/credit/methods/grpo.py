@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.credit.base import Method, Terms, episode_advantage, register
+from pipeline.credit.base import EpisodeConfig, Method, StepTable, Terms, episode_advantage, register
 from pipeline.data.section import Section
 
 
@@ -10,7 +10,10 @@ class GrpoConfig(Section):
     """No step-level keys: GRPO's only term is the shared episode term (`credit.episode`)."""
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: GrpoConfig, episode: EpisodeConfig) -> Terms:
+    """GRPO (Shao et al., 2024; verl's `compute_grpo_outcome_advantage`): the episode term `A^E` on every turn, no
+    step term. In: the step table `t` (rewards, task groups), the section and the shared episode settings; out: the
+    terms per row."""
     return Terms(episode_advantage(t, episode), None, t.zeros())
 
 

@@ -12,7 +12,16 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, dense_keys, episode_advantage, group_norm, register
+from pipeline.credit.base import (
+    EpisodeConfig,
+    Method,
+    StepTable,
+    Terms,
+    dense_keys,
+    episode_advantage,
+    group_norm,
+    register,
+)
 from pipeline.data.section import Mode, Section
 
 
@@ -28,7 +37,9 @@ class HgpoConfig(Section):
                              "(off: HGPO's step terms alone, as in its paper's ablation)")
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: HgpoConfig, episode: EpisodeConfig) -> Terms:
+    """HGPO: `ω Σ_k w_k norm(G_t; task group + last k anchors)`, `w_k ∝ (k+1)^α` over non-singleton depths.
+    In: the step table `t` (rewards, `history_groups`), the section and the episode settings; out: the terms per row."""
     n = t.n
     lens = t.df["history_groups"].list.len()
     depth = int(lens.min()) if n else 0

@@ -36,7 +36,7 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, group_norm, register
+from pipeline.credit.base import EpisodeConfig, Method, StepTable, Terms, group_norm, register
 from pipeline.credit.reward_model import Log, StepRewardModel
 from pipeline.data.section import FitBatching
 from pipeline.envs.base import make_env, require
@@ -63,7 +63,10 @@ def turn_rewards(t, cfg) -> np.ndarray:
     return np.where(last, outcome, t.col("score").astype(np.float64)), last
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: IgpoConfig, episode: EpisodeConfig) -> Terms:
+    """IGPO (Wang et al., ICLR 2026): `A_t = Σ_{k≥t} γ^{k−t} ẑ(r_k)`. In: the step table `t` with the fit
+    stage's `score` (the information gains), the section and the episode settings (unused: no episode term); out: the
+    terms per row, the step score r_t."""
     r, last = turn_rewards(t, cfg)
     if cfg.normalise == "joint":
         r_hat = group_norm(r, t.task, "mean_std_norm", std="population")

@@ -29,7 +29,16 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
+from pipeline.credit.base import (
+    EpisodeConfig,
+    Method,
+    StepTable,
+    Terms,
+    episode_advantage,
+    group_norm,
+    learned_return,
+    register,
+)
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import FitBatching, LoraSettings, Mode
 from pipeline.data.seeds import stage_seed
@@ -53,7 +62,9 @@ class OprlConfig(FitBatching):
                                       "PRM (null: all its weights train)")
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: OprlConfig, episode: EpisodeConfig) -> Terms:
+    """OPRL (implicit PRM): `A^E + α · norm(r_φ(t); all turns of g)`. In: the step table `t` with the fit
+    stage's `score` (r_φ), the section and the episode settings; out: the terms per row, the step score r_φ."""
     r = t.col("score").astype(np.float64)
     return Terms(episode_advantage(t, episode), r, cfg.alpha * group_norm(r, t.task, cfg.mode))
 

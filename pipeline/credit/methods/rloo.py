@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.credit.base import Method, Terms, dense_keys, group_norm, register
+from pipeline.credit.base import EpisodeConfig, Method, StepTable, Terms, dense_keys, group_norm, register
 from pipeline.data.section import Section
 
 
@@ -16,7 +16,9 @@ class RlooConfig(Section):
     """Leave-one-out baseline over the task group's episodes; no knobs."""
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: RlooConfig, episode: EpisodeConfig) -> Terms:
+    """RLOO (Ahmadian et al., 2024): `N/(N−1)(R − mean_g R)` on every turn of an episode, its own episode term.
+    In: the step table `t` (rewards, task groups); out: the terms per row (no step term)."""
     task_ep = t.task[t.starts]
     k = dense_keys(task_ep)
     N = np.bincount(k)[k]

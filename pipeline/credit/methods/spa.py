@@ -26,7 +26,16 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.credit.base import Method, Terms, episode_advantage, group_norm, learned_return, register
+from pipeline.credit.base import (
+    EpisodeConfig,
+    Method,
+    StepTable,
+    Terms,
+    episode_advantage,
+    group_norm,
+    learned_return,
+    register,
+)
 from pipeline.credit.reward_model import Log, StepRewardModel, check_lora, episode_index
 from pipeline.data.section import FitBatching, LoraSettings, Mode
 from pipeline.data.seeds import stage_seed
@@ -62,7 +71,10 @@ class SpaConfig(FitBatching):
                                       "instead of every weight of the estimator (null)")
 
 
-def terms(t, cfg, episode) -> Terms:
+def terms(t: StepTable, cfg: SpaConfig, episode: EpisodeConfig) -> Terms:
+    """SPA (stepwise progress attribution): `A^E + ω · norm(G^SPA_t; all turns of g)`. In: the step table `t`
+    with the fit stage's `score` (c_t), the section and the episode settings; out: the terms per row, the step score
+    G^SPA."""
     r_spa = cfg.progress_w * t.col("score").astype(np.float64) + cfg.grounding_w * t.valid.astype(np.float64)
     G = t.returns(r_spa, cfg.gamma)
     return Terms(episode_advantage(t, episode), G, cfg.step_advantage_w * group_norm(G, t.task, cfg.mode))
