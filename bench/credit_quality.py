@@ -122,10 +122,11 @@ def run(run_dir: Path, params_file: Path, out_dir: Path, methods: list[str], log
         sets: list[str] = (), last: int | None = None) -> pl.DataFrame:
     params = load_params(params_file, list(sets))
     spec = env_spec(params.env)
-    for method in [m for m in methods if any(not spec.offers(c) for c in METHODS[m].requires)]:
-        print(f"{method}: left out, it reads {', '.join(METHODS[method].requires)}(), which the {spec.name} "
-              "environment does not give", flush=True)
-    methods = [m for m in methods if all(spec.offers(c) for c in METHODS[m].requires)]
+    lacking = {m: spec.lacking(METHODS[m].requires) for m in methods}
+    for method in [m for m in methods if lacking[m]]:
+        print(f"{method}: left out, it reads {', '.join(lacking[method])}(), which the {spec.name} environment "
+              "does not give", flush=True)
+    methods = [m for m in methods if not lacking[m]]
     iterations = iterations_with(run_dir, "steps.parquet")
     iterations = [i for i in iterations if last is None or i <= last]
     if not iterations:

@@ -519,11 +519,10 @@ def missing_dependencies(params: Params) -> list[str]:
                         "(docs/models.md, Rollout engines), or set rollout.engine: hf")
     spec = ENV_REGISTRY[params.env.name]
     method = METHODS[params.credit.method]
-    for capability in method.requires:
-        if not spec.offers(capability):
-            problems.append(f"key 'credit.method': {method.name} reads {CAPABILITIES[capability]}, which the "
-                            f"{spec.name} environment does not give (no {capability}()): choose another "
-                            "credit.method or an environment that has it (docs/environments.md)")
+    for capability in spec.lacking(method.requires):
+        problems.append(f"key 'credit.method': {method.name} reads {CAPABILITIES[capability]}, which the "
+                        f"{spec.name} environment does not give (no {capability}()): choose another "
+                        "credit.method or an environment that has it (docs/environments.md)")
     absent = spec.missing()
     if absent:
         problems.append(f"key 'env.name': {spec.needs(absent)}: install the project as the README says "

@@ -32,6 +32,14 @@ def parse_action(response: str, admissible: Sequence[str]) -> str | None:
     return content if content in admissible else None
 
 
+def one_tag(response: str, tags: dict[str, re.Pattern]) -> tuple[str, str] | None:
+    """(name, raw content) of the one tag of `tags` (name -> pattern with one group) the response holds, or None
+    where it holds none of them or more than one kind: the rule of the environments whose actions are free text in
+    tags of their own (search, SQL, Python), each of which then trims the content its way."""
+    found = [(name, m) for name, pattern in tags.items() if (m := pattern.search(response)) is not None]
+    return (found[0][0], found[0][1].group(1)) if len(found) == 1 else None
+
+
 def format_action(action: str | None) -> str:
     return f"<action>{action}</action>" if action is not None else "(invalid)"
 

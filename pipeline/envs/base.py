@@ -113,6 +113,10 @@ class EnvSpec:
         one: for the checks when params load."""
         return callable(getattr(self.env_class(), capability, None))
 
+    def lacking(self, capabilities) -> list[str]:
+        """Those of `capabilities` the environment's class does not have (`offers`)."""
+        return [c for c in capabilities if not self.offers(c)]
+
     def missing(self, by_import: bool = False) -> list[str]:
         """The modules of `requires` this Python cannot find (`importlib.util.find_spec`: nothing imported, for the
         params check), or, `by_import`, cannot import (a broken install too, when an environment is made)."""

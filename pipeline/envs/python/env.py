@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
-from pipeline.envs.actions import ActionFormat
+from pipeline.envs.actions import ActionFormat, one_tag
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
 from pipeline.envs.python.problems import OUT, Problem, load
 from pipeline.envs.sandbox import Limits, run_python, unavailable
@@ -37,6 +37,7 @@ from pipeline.envs.sandbox import Limits, run_python, unavailable
 _CODE = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NOTHING_YET = "(no program run yet)"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")   # a number as results show it
 TOLERANCE = 1e-9   # relative: float noise only (11.85 is 11.850, 1/3 is 0.333333333; 280186.92 is not .91)
 
 
@@ -118,16 +119,16 @@ def same_answer(predicted: str, gold: str) -> bool:
 
 def results_in(text: str) -> set[str]:
     """The numbers a result shows, as the reference results are compared with them."""
-    return set(re.findall(r"-?\d+(?:\.\d+)?", text))
+    return set(_NUMBER.findall(text))
 
 
 def parse_response(response: str) -> tuple[str, str] | None:
     """("python" | "answer", content) of a response, or None where it has neither tag, both, or an empty one."""
-    c, a = _CODE.search(response), _ANSWER.search(response)
-    if (c is None) == (a is None):
+    found = one_tag(response, {"python": _CODE, "answer": _ANSWER})
+    if found is None:
         return None
-    kind, m = ("python", c) if c is not None else ("answer", a)
-    content = m.group(1).strip("\n") if kind == "python" else m.group(1).strip()
+    kind, raw = found
+    content = raw.strip("\n") if kind == "python" else raw.strip()
     return (kind, content) if content.strip() else None
 
 
@@ -159,7 +160,6 @@ class PythonEnv:
         self.problem = self.problem_of(task)
         self.turn, self.answer, self.correct, self.text = 0, None, False, NOTHING_YET
         self.seen: set[str] = set()          # numbers that have appeared in results
-        self.programs: list[str] = []        # every program run, in order
         return self._observe()
 
     # reference results whose value has appeared in a result (the computations done)
@@ -199,7 +199,6 @@ class PythonEnv:
             action = f"<{kind}>{content}</{kind}>"
             if kind == "python":
                 o = run_python(content, self.limits)
-                self.programs.append(content)
                 self.text = render(o, self.cfg.sandbox.output_chars)
                 self.seen |= results_in(o.stdout)
             else:
@@ -216,11 +215,11 @@ class PythonEnv:
         return "<answer>", self.problem.answer, "</answer>"
 
     def snapshot(self) -> tuple:
-        return self.problem, self.turn, self.answer, self.correct, self.text, frozenset(self.seen), tuple(self.programs)
+        return self.problem, self.turn, self.answer, self.correct, self.text, frozenset(self.seen)
 
     def restore(self, snap: tuple) -> None:
-        self.problem, self.turn, self.answer, self.correct, self.text, seen, programs = snap
-        self.seen, self.programs = set(seen), list(programs)
+        self.problem, self.turn, self.answer, self.correct, self.text, seen = snap
+        self.seen = set(seen)
 
 
 class PlannedPythonEnv(PythonEnv):
@@ -263,7 +262,7 @@ def _reference_results(steps: tuple[str, ...]) -> tuple[str, ...]:
     out = []
     for step in steps:
         o = run_python(step, Limits(wall_s=30.0))
-        numbers = re.findall(r"-?\d+(?:\.\d+)?", o.stdout)
+        numbers = _NUMBER.findall(o.stdout)
         if o.exit_code != 0 or not numbers:
             raise ValueError(f"a reference program printed no number: {step!r} ({o.stderr.strip()[-200:]})")
         out.append(numbers[-1])

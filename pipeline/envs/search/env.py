@@ -49,7 +49,7 @@ from pydantic import Field, field_validator
 
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
-from pipeline.envs.actions import ActionFormat
+from pipeline.envs.actions import ActionFormat, one_tag
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
 from pipeline.envs.search.index import Retriever
 from pipeline.envs.search.oracle import SearchOracle
@@ -358,11 +358,10 @@ def f1_score(prediction: str, answers) -> float:
 
 def parse_response(response: str) -> tuple[str, str] | None:
     """("search" | "answer", content) of a response, or None where it has neither tag, both, or an empty one."""
-    s, a = _SEARCH.search(response), _ANSWER.search(response)
-    if (s is None) == (a is None):
+    found = one_tag(response, {"search": _SEARCH, "answer": _ANSWER})
+    if found is None:
         return None
-    kind, m = ("search", s) if s is not None else ("answer", a)
-    content = " ".join(m.group(1).split())
+    kind, content = found[0], " ".join(found[1].split())
     return (kind, content) if content else None
 
 

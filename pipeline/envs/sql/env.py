@@ -46,7 +46,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.data.section import EnvSection, Section
 from pipeline.data.seeds import task_item
-from pipeline.envs.actions import ActionFormat
+from pipeline.envs.actions import ActionFormat, one_tag
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_error, data_root, first_file, register, user_cache
 from pipeline.envs.sql.executor import Database, Result, connect_read_only
 from pipeline.envs.sql.world import OUT
@@ -342,11 +342,10 @@ def schema_text(path: str, sample_rows: int) -> str:
 
 def parse_response(response: str) -> tuple[str, str] | None:
     """("sql" | "answer", query) of a response, or None where it has neither tag, both, or an empty one."""
-    s, a = _SQL.search(response), _ANSWER.search(response)
-    if (s is None) == (a is None):
+    found = one_tag(response, {"sql": _SQL, "answer": _ANSWER})
+    if found is None:
         return None
-    kind, m = ("sql", s) if s is not None else ("answer", a)
-    content = m.group(1).strip()
+    kind, content = found[0], found[1].strip()
     return (kind, content) if content else None
 
 
