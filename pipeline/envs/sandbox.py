@@ -98,6 +98,35 @@ def _read(path: Path, cap: int) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
 
 
+# The sandbox's user may not start a namespace for a moment after others ended: their exited processes still count
+# against RLIMIT_NPROC until the kernel frees them (back-to-back programs at ~75 a second: half refused with
+# EAGAIN). bwrap then exits 1 before the program runs, and the start is tried again after these pauses (seconds),
+# within the program's wall limit.
+_START_WAITS = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 0.0)
+_REFUSED = b"Resource temporarily unavailable"
+
+
+def _refused_start(stderr: Path) -> bool:
+    """Whether bwrap itself gave up before the program ran, for want of a process or a namespace (EAGAIN)."""
+    text = stderr.read_bytes()[:400]
+    return text.startswith(b"bwrap: ") and _REFUSED in text
+
+
+def _start_and_wait(rlimits: list[str], work: Path, out: Path, deadline: float) -> tuple[subprocess.Popen, bool]:
+    """One start of the program, its stdout and stderr written afresh; (the process, whether the wall limit
+    killed it)."""
+    with open(out / "stdout", "wb") as so, open(out / "stderr", "wb") as se:
+        p = subprocess.Popen([*rlimits, *_command(work)], stdin=subprocess.DEVNULL, stdout=so, stderr=se,
+                             close_fds=True, start_new_session=True, **_as_nobody())
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)     # bwrap first: the PID namespace dies with it
+            p.wait()
+            return p, True
+    return p, False
+
+
 def run_python(code: str, limits: Limits = Limits()) -> Outcome:
     """Run `code` as a program in the sandbox; whatever it does comes back as an `Outcome`, within the limits."""
     root = Path(tempfile.mkdtemp(prefix="creditrl-sandbox-"))
@@ -116,17 +145,12 @@ def run_python(code: str, limits: Limits = Limits()) -> Outcome:
                f"--nproc={limits.processes}", f"--fsize={limits.file_mb * mb}", "--nofile=64", "--core=0", "--"]
 
     t0 = time.monotonic()
-    timed_out = False
     try:
-        with open(out / "stdout", "wb") as so, open(out / "stderr", "wb") as se:
-            p = subprocess.Popen([*rlimits, *_command(work)], stdin=subprocess.DEVNULL, stdout=so, stderr=se,
-                                 close_fds=True, start_new_session=True, **_as_nobody())
-            try:
-                p.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(p.pid, signal.SIGKILL)     # bwrap first: the PID namespace dies with it
-                p.wait()
+        for wait in _START_WAITS:
+            p, timed_out = _start_and_wait(rlimits, work, out, t0 + limits.wall_s)
+            if p.returncode != 1 or not _refused_start(out / "stderr") or time.monotonic() + wait > t0 + limits.wall_s:
+                break
+            time.sleep(wait)     # bwrap could not start yet (below): the program never ran; start it again
         wall = time.monotonic() - t0
         stdout, cut_out = _read(out / "stdout", limits.output_bytes)
         stderr, cut_err = _read(out / "stderr", limits.output_bytes)
