@@ -109,7 +109,7 @@ def test_gsm8k_and_math_files_load_as_they_are_and_have_no_oracle(tmp_path):
     env.reset(task_seed("eval", 0, 0, 0))
     assert not hasattr(env, "oracle_distance") and env.gold_answer() == ("<answer>", "\\frac{5}{6}", "</answer>")
     assert env.step("<answer>0.8333333333</answer>").success
-    p = load_params("configs/python.yaml", [f"env.data_path={tmp_path}"])
+    p = load_params("configs/python.yaml", [f"env.data_path={tmp_path}", "env.train_problems=shipped"])
     with pytest.raises(ParamsError, match="carry no reference steps"):
         check_dependencies(p, "configs/python.yaml")          # the warm start needs the expert
 
@@ -128,3 +128,28 @@ def test_a_bad_record_is_refused_naming_the_file_and_line(tmp_path, row, message
 
 def test_igpo_runs_on_it():
     check_dependencies(load_params("configs/python.yaml", ["credit.method=igpo"]), "configs/python.yaml")
+
+
+def test_generated_training_problems_are_new_each_task_and_never_held_out(tmp_path):
+    env = make_env(PythonConfig(train_problems="generated"), tmp_path)
+    shipped = make_env(PythonConfig(), tmp_path)
+    tasks = [task_seed("train", 0, 1, k) for k in range(300)] + [task_seed("warmstart", 0, 0, k) for k in range(300)]
+    drawn = [env.problem_of(t) for t in tasks]
+    # a draw per task: repeats only where a kind has few problems (counting: about 700), against the shipped 600's
+    assert len({p.question for p in drawn}) >= 585 and len({shipped.problem_of(t).question for t in tasks}) < 450
+    assert not {p.question for p in drawn} & {p.question for p in shipped.test}
+    assert {p.kind for p in drawn} == {"product", "interest", "conversion", "counting", "dates", "modular"}
+    assert env.problem_of(tasks[7]) == drawn[7]                  # the task's seed fixes its problem
+    assert env.problem_of(task_seed("eval", 0, 0, 3)) == shipped.problem_of(task_seed("eval", 0, 0, 3))
+    env.reset(tasks[5])                                          # the expert solves it in the oracle's turns
+    first, turns = env.oracle_distance(), 0
+    while not (r := env.step(env.expert_actions()[0])).terminated:
+        turns += 1
+    assert r.success and turns + 1 == first == len(env.problem.steps) + 1
+
+
+def test_generated_training_problems_need_the_shipped_kinds(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", [{"question": "q", "answer": "#### 1"}])
+    write_jsonl(tmp_path / "test.jsonl", [{"question": "q", "answer": "#### 1"}])
+    with pytest.raises(ValueError, match="env.train_problems: generated draws problems of the shipped kinds"):
+        PythonConfig(data_path=str(tmp_path), train_problems="generated")

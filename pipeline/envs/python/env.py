@@ -28,10 +28,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.data.section import EnvSection, Section
-from pipeline.data.seeds import task_item
+from pipeline.data.seeds import fields, task_hash, task_item
 from pipeline.envs.actions import ActionFormat, one_tag
 from pipeline.envs.base import EnvSpec, Observation, StepResult, data_root, register
-from pipeline.envs.python.problems import OUT, Problem, load
+from pipeline.envs.python.problems import OUT, Problem, draw, load
 from pipeline.envs.sandbox import Limits, run_python, unavailable
 
 _CODE = re.compile(r"<python>(.*?)</python>", re.DOTALL)
@@ -57,6 +57,12 @@ class PythonConfig(EnvSection):
                                   "(data/python)")
     max_turns: int = Field(5, ge=1, le=100, description="turns before an episode is truncated (programs and the "
                            "answer)")
+    train_problems: Literal["shipped", "generated"] = Field(
+        "shipped", description="shipped: a training task plays one of the shipped training problems "
+        "(data/python/train.jsonl, 600); generated: a problem of the same kinds drawn from the task's seed, never "
+        "a held-out question, so that no answer can be learned by heart (the tiny policy learned the 600 training "
+        "answers and solved no held-out problem); the held-out problems are the shipped ones either way. Only "
+        "without env.data_path")
     sandbox: SandboxSettings = SandboxSettings()
 
     @field_validator("data_path")
@@ -64,6 +70,13 @@ class PythonConfig(EnvSection):
     def _readable(cls, v):
         _problems(_root(v))          # missing files and malformed records refused when params load
         return v
+
+    @model_validator(mode="after")
+    def _generated_from_the_shipped_kinds(self):
+        if self.train_problems == "generated" and self.data_path is not None:
+            raise ValueError(f"env.train_problems: generated draws problems of the shipped kinds; with env.data_path "
+                             f"({self.data_path}) set it to shipped (the folder's train.jsonl is the training set)")
+        return self
 
     @model_validator(mode="after")
     def _sandbox_runs(self):
@@ -148,12 +161,15 @@ class PythonEnv:
     def __init__(self, cfg: PythonConfig, cache_dir: Path | None = None):
         self.cfg = cfg
         self.train, self.test = _problems(_root(cfg.data_path))
+        self.held_out = frozenset(p.question for p in self.test)
         s = cfg.sandbox
         self.limits = Limits(cpu_s=s.cpu_s, wall_s=s.wall_s, memory_mb=s.memory_mb, processes=s.processes,
                              output_bytes=4 * s.output_chars)
         self.problem: Problem | None = None
 
     def problem_of(self, task: int) -> Problem:
+        if self.cfg.train_problems == "generated" and fields(task)[0] != "eval":
+            return draw(task_hash(task), self.held_out)
         return task_item(task, self.train, self.test)
 
     def reset(self, task: int) -> Observation:

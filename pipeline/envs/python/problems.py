@@ -112,6 +112,16 @@ def generate(seed: int, n: int, exclude: frozenset[str] = frozenset()) -> list[P
     return out
 
 
+def draw(seed: int, exclude: frozenset[str] = frozenset()) -> Problem:
+    """One problem of a kind picked by `seed` and drawn from it, never one whose question is in `exclude` (the
+    held-out set): a training task's own problem under `env.train_problems: generated`."""
+    r = random.Random(seed)
+    while True:
+        p = KINDS[r.randrange(len(KINDS))](r)
+        if p.question not in exclude:
+            return p
+
+
 def write(folder: Path = OUT) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     train = generate(SEEDS["train"], COUNTS["train"])
