@@ -302,19 +302,5 @@ def lacks(cfg: PythonConfig, capability: str) -> str | None:
             "have none), so env python has no expert and no oracle")
 
 
-MAX_NUMBER_WORDS = 20_000   # a user's GSM8K or MATH set may hold more: then none (BPE pieces, as any other text)
-
-
-def number_words(cfg: PythonConfig) -> list[str]:
-    """The numbers of the problems' text, reference programs and answers, one token each for the tiny policy, which
-    copies them from the problem into its programs and from a result into the next program or the answer: a number
-    in BPE pieces needs a learned copy circuit, which the tiny policy does not learn (it wrote the programs' shape
-    with other digits). A reference program's result is a literal of the next one, or the answer."""
-    train, test = _problems(_root(cfg.data_path))
-    words = list(dict.fromkeys(n for p in (*train, *test) for text in (p.question, *p.steps, p.answer)
-                               for n in re.findall(r"\d+(?:\.\d+)?", text)))
-    return words if len(words) <= MAX_NUMBER_WORDS else []
-
-
-SPEC = register(EnvSpec("python", PythonConfig, make, words=number_words, requires=(),
+SPEC = register(EnvSpec("python", PythonConfig, make, requires=(),
                         tool_call=lambda action: action.startswith("<python>"), lacks=lacks))
