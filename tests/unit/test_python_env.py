@@ -109,7 +109,7 @@ def test_gsm8k_and_math_files_load_as_they_are_and_have_no_oracle(tmp_path):
     env.reset(task_seed("eval", 0, 0, 0))
     assert not hasattr(env, "oracle_distance") and env.gold_answer() == ("<answer>", "\\frac{5}{6}", "</answer>")
     assert env.step("<answer>0.8333333333</answer>").success
-    p = load_params("configs/python.yaml", [f"env.data_path={tmp_path}", "env.train_problems=shipped"])
+    p = load_params("configs/python.yaml", [f"env.data_path={tmp_path}"])
     with pytest.raises(ParamsError, match="carry no reference steps"):
         check_dependencies(p, "configs/python.yaml")          # the warm start needs the expert
 
