@@ -511,8 +511,9 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] = (), whe
 
 
 def missing_dependencies(params: Params) -> list[str]:
-    """What the params need that this environment cannot import, one line per key: vLLM for `rollout.engine: vllm`,
-    the environment's engine for `env.name`. Found with `importlib.util.find_spec`, so nothing heavy is imported."""
+    """What the params need that this environment cannot import or its data cannot give, one line per key: vLLM
+    for `rollout.engine: vllm`, the environment's engine for `env.name`, held-out tasks for `evaluate.tasks`. Found
+    with `importlib.util.find_spec`, so nothing heavy is imported."""
     problems = []
     if params.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         problems.append("key 'rollout.engine': vllm, but vLLM is not installed: run scripts/install-vllm "
@@ -527,8 +528,13 @@ def missing_dependencies(params: Params) -> list[str]:
     if absent:
         problems.append(f"key 'env.name': {spec.needs(absent)}: install the project as the README says "
                         "(README, The two commands)")
-    elif spec.lacks is not None:
-        problems += [f"key '{key}': {why}" for key, why in missing_capabilities(params, spec)]
+    else:
+        if spec.lacks is not None:
+            problems += [f"key '{key}': {why}" for key, why in missing_capabilities(params, spec)]
+        if spec.held_out is not None and params.evaluate.tasks > (n := spec.held_out(params.env)):
+            problems.append(f"key 'evaluate.tasks': {params.evaluate.tasks} held-out tasks, but env {spec.name}'s "
+                            f"data holds {n}: the evaluation would play some twice, as different tasks; set "
+                            f"evaluate.tasks at most {n} (evaluate.episodes_per_task samples a task more often)")
     return problems
 
 

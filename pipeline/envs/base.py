@@ -101,6 +101,9 @@ class EnvSpec:
     # lacks(config, capability) -> why an environment made from this config will lack an optional capability that
     # its class may have (a user's data without what the capability needs), or None; read when the params load
     lacks: Callable[[Any, str], str | None] | None = None
+    # held_out(config) -> how many distinct held-out tasks the environment's data has, where it is a fixed list
+    # (questions, problems): evaluate.tasks beyond it would play some twice under two task ids; None: unbounded
+    held_out: Callable[[Any], int] | None = None
 
     def env_class(self) -> type:
         """The class `make` returns: `make` itself where it is one, else its return annotation."""

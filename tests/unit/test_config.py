@@ -200,6 +200,21 @@ def test_missing_dependencies_are_refused_in_one_line_naming_the_key(monkeypatch
         load_params(gguf)
 
 
+@pytest.mark.parametrize("env, held_out", [("sql", 113), ("python", 100), ("search", 1109), ("webshop", 500)])
+def test_evaluate_tasks_beyond_the_held_out_list_are_refused(tmp_path, env, held_out):
+    """An environment with a fixed list of held-out tasks (the shipped data: 113 SQL questions of the held-out
+    databases, 100 problems, 1,109 questions, WebShop's 500 goals) refuses more evaluation tasks than it holds, which
+    would play some twice as different tasks; as many is accepted."""
+    from pipeline.config.params import check_dependencies, missing_dependencies
+
+    ok = write(tmp_path, {"env": {"name": env}, "evaluate": {"tasks": held_out}})
+    assert not [p for p in missing_dependencies(load_params(ok)) if "evaluate.tasks" in p]
+    f = write(tmp_path, {"env": {"name": env}, "evaluate": {"tasks": held_out + 1}})
+    with pytest.raises(ParamsError, match=rf"key 'evaluate.tasks': {held_out + 1} held-out tasks, but env {env}'s "
+                       rf"data holds {held_out}: .* set evaluate.tasks at most {held_out}"):
+        check_dependencies(load_params(f), f)
+
+
 def test_the_snakefile_refuses_a_missing_vllm_at_plan_time(tmp_path):
     """The README's real-model command without vLLM: Snakemake stops while it plans, in one line, before any job."""
     import subprocess

@@ -303,4 +303,5 @@ def lacks(cfg: PythonConfig, capability: str) -> str | None:
 
 
 SPEC = register(EnvSpec("python", PythonConfig, make, requires=(),
-                        tool_call=lambda action: action.startswith("<python>"), lacks=lacks))
+                        tool_call=lambda action: action.startswith("<python>"), lacks=lacks,
+                        held_out=lambda cfg: len(_problems(_root(cfg.data_path))[1])))

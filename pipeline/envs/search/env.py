@@ -531,6 +531,11 @@ def lacks(cfg: SearchConfig, capability: str) -> str | None:
     return _unplanned(_root(cfg.data_path))
 
 
+def held_out(cfg: SearchConfig) -> int:
+    """The number of held-out questions (the test file's records)."""
+    return sum(1 for _ in _question_records(_question_file(Path(_root(cfg.data_path)), "test")))
+
+
 def _unplanned(root: str) -> str | None:
     folder = Path(root)
     if data_format(folder) != "search_r1":
@@ -550,4 +555,4 @@ def _unplanned(root: str) -> str | None:
 
 SPEC = register(EnvSpec("search", SearchConfig, make, words=name_words, requires=("bm25s",),
                         tool_call=lambda action: action.startswith("<search>"),
-                        packages="the bm25s package", lacks=lacks))
+                        packages="the bm25s package", lacks=lacks, held_out=held_out))

@@ -530,4 +530,5 @@ def schema_words(cfg: SqlConfig) -> list[str]:
 
 
 SPEC = register(EnvSpec("sql", SqlConfig, make, words=schema_words, requires=("sqlglot",),
-                        tool_call=lambda action: action.startswith("<sql>"), packages="the sqlglot package"))
+                        tool_call=lambda action: action.startswith("<sql>"), packages="the sqlglot package",
+                        held_out=lambda cfg: len(load_dataset(_root(cfg.data_path)).test)))

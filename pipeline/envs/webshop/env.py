@@ -485,4 +485,5 @@ def id_words(cfg: WebShopConfig) -> list[str]:
 
 SPEC = register(EnvSpec("webshop", WebShopConfig, WebShopEnv, requires=("bm25s", "thefuzz", "spacy"),
                         tool_call=lambda action: action.strip().startswith("search["),
-                        packages="the bm25s, thefuzz and spacy packages", words=id_words))
+                        packages="the bm25s, thefuzz and spacy packages", words=id_words,
+                        held_out=lambda cfg: cfg.heldout))
