@@ -48,6 +48,7 @@ from bench.learning import (
     _params,
     _snakemake,
     _workflow,
+    anchored,
     collect,
     continuing_run,
     curve_bands,
@@ -76,7 +77,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
     for own in arms.values():   # every arm's params checked before any work
         check_dependencies(load_params(params_file, [*sets, *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"
-    plain = apply_overrides(read_params(params_file)[0], list(sets))
+    plain = anchored(apply_overrides(read_params(params_file)[0], list(sets)))
 
     def base_run(seed: int) -> None:
         d = work / f"base_s{seed}"
@@ -86,7 +87,7 @@ def run_all(params_file: Path, arms: dict[str, list[str]], methods: list[str], s
 
     runs = []
     for label, own in arms.items():
-        base = apply_overrides(read_params(params_file)[0], [*sets, *own])
+        base = anchored(apply_overrides(read_params(params_file)[0], [*sets, *own]))
         runs += [continuing_run(work / label / f"{m}_s{s}", base, m, s, uri, work / f"base_s{s}", through=0)
                  for s in seeds for m in methods]
     run_side_by_side(base_run, seeds, runs, jobs, cores)

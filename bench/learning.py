@@ -70,6 +70,20 @@ def _workflow(d: Path) -> None:
 
 
 _ABSENT = object()
+PATH_KEYS = (("policy", "path"), ("env", "data_path"))
+
+
+def anchored(raw: dict, where: Path | None = None) -> dict:
+    """The params mapping `raw` with its relative file paths (`policy.path`, `env.data_path`) made absolute against
+    `where` (the folder the command runs in, as the workflow reads them) where a file or folder is there: a benchmark
+    run works in a folder of its own, where `models/...` names nothing."""
+    where = where or Path.cwd()
+    out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    for section, key in PATH_KEYS:
+        value = (out.get(section) or {}).get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and (where / value).exists():
+            out[section][key] = str((where / value).resolve())
+    return out
 
 
 def write_run_params(d: Path, params: dict) -> None:
@@ -123,7 +137,7 @@ def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: st
     """Folder `d` set up for a run of `method` (with the params overrides `sets`) that links its jobs of iterations
     0..`through` from the base run in `base_dir` (`run.base`)."""
     _workflow(d)
-    p = _params(apply_overrides(base, list(sets)), method, seed, tracking_uri)     # a copy, with its overrides
+    p = _params(anchored(apply_overrides(base, list(sets))), method, seed, tracking_uri)   # a copy, its overrides
     p["run"]["base"] = {"params": str((base_dir / "params.yaml").resolve()), "through": through}
     write_run_params(d, p)
     return d
@@ -162,7 +176,7 @@ def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
             sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
     arms = arms or parse_arms(methods, [])
-    base = apply_overrides(read_params(params_file)[0], list(sets))
+    base = anchored(apply_overrides(read_params(params_file)[0], list(sets)))
     for method, own in arms.values():    # every arm's params checked before any work
         check_dependencies(load_params(params_file, [*sets, f"credit.method={method}", *own]), params_file)
     uri = f"sqlite:///{ROOT / 'mlflow.db'}"

@@ -26,3 +26,22 @@ def test_a_run_folder_with_results_refuses_other_params_and_keeps_the_same_ones(
                                          r"-> absent, policy.path: '/b/model.gguf' -> '/c/model.gguf'\)"):
         write_run_params(tmp_path, {"seed": 0, "policy": {"path": "/c/model.gguf"}, "loop": {}})
     assert yaml.safe_load(f.read_text()) == other   # nothing written
+
+
+def test_relative_model_and_data_paths_are_anchored_where_the_command_runs(tmp_path):
+    """A benchmark run works in a folder of its own: `models/x.gguf` and `data/sql` of the config, relative to the
+    checkout, become absolute there; an absolute path, a path that names nothing and other keys stay as they are."""
+    from bench.learning import anchored
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "x.gguf").write_bytes(b"GGUF")
+    (tmp_path / "data" / "sql").mkdir(parents=True)
+    raw = {"policy": {"path": "models/x.gguf", "dtype": "auto"}, "env": {"name": "sql", "data_path": "data/sql"},
+           "run": {"dir": "results/x"}}
+    out = anchored(raw, tmp_path)
+    assert out == {"policy": {"path": str(tmp_path / "models" / "x.gguf"), "dtype": "auto"},
+                   "env": {"name": "sql", "data_path": str(tmp_path / "data" / "sql")}, "run": {"dir": "results/x"}}
+    assert raw["policy"]["path"] == "models/x.gguf"             # a copy
+    same = {"policy": {"path": "/abs/m.gguf"}, "env": {"name": "sokoban", "data_path": "data/absent"}}
+    assert anchored(same, tmp_path) == same
+    assert anchored({"policy": {"path": None}}, tmp_path) == {"policy": {"path": None}}
