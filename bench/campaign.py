@@ -20,8 +20,9 @@ crashed counts: its arm scores 0 at every iteration it did not evaluate.
     python -m bench.campaign CLAIM --report-only               # decide from what is recorded
 
 A claim is a folder `docs/data/claims/<CLAIM>/` holding `design.yaml` (the `Design`'s keys, plus `params`: the
-config file, `sets`: overrides for every run, and `arms`: {label: [credit method, KEY=VALUE ...]} for the method
-and the baseline). Each finished run is recorded there as `runs/<label>_s<seed>/` (its per-task held-out success,
+config file, `sets`: overrides for every run, `arms`: {label: [credit method, KEY=VALUE ...]} for the method
+and the baseline, and `shared_through`: 1, the arms of a seed share its initial policy and first rollout, or 0,
+the initial policy only, for arms that roll out differently). Each finished run is recorded there as `runs/<label>_s<seed>/` (its per-task held-out success,
 `task_success.csv`; its params; `run.json`: status, CPU, bf16 flags, commit, wall seconds), small files to commit
 as they land, so that a campaign goes on after a restart on another machine. The runner takes the seeds the next
 look needs that are not recorded, runs both arms of each (`bench.learning`: one initial policy and first rollout
@@ -196,6 +197,7 @@ class Claim:
     sets: tuple[str, ...]          # overrides for every run
     arms: dict                     # label -> [credit method, KEY=VALUE ...]
     folder: Path
+    shared_through: int = 1        # the arms share iteration 0 (0) or iterations 0 and 1 (1) of each seed's base run
 
 
 def load_claim(folder: Path) -> Claim:
@@ -212,7 +214,7 @@ def load_claim(folder: Path) -> Claim:
         if label not in arms or not arms[label]:
             raise SystemExit(f"error: {f}: arms has no {label!r} (the method and the baseline each need [credit "
                              f"method, KEY=VALUE ...])")
-    unknown = set(raw) - DESIGN_KEYS - {"params", "sets", "arms"}
+    unknown = set(raw) - DESIGN_KEYS - {"params", "sets", "arms", "shared_through"}
     if unknown:
         raise SystemExit(f"error: {f}: unknown keys {sorted(unknown)}")
     try:
@@ -223,7 +225,11 @@ def load_claim(folder: Path) -> Claim:
     params = Path(raw["params"]) if Path(raw["params"]).is_absolute() else root / raw["params"]
     if not params.is_file():
         raise SystemExit(f"error: {f}: params {raw['params']!r} is not a file")
-    return Claim(design, params, tuple(raw.get("sets", [])), arms, folder)
+    through = raw.get("shared_through", 1)
+    if through not in (0, 1):
+        raise SystemExit(f"error: {f}: shared_through {through!r}; expected 1 (the arms share each seed's initial "
+                         "policy and first rollout) or 0 (the initial policy only: arms whose rollouts differ)")
+    return Claim(design, params, tuple(raw.get("sets", [])), arms, folder, through)
 
 
 def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
@@ -316,7 +322,7 @@ def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int)
             if label in (claim.design.method, claim.design.baseline)}
     started = time.perf_counter()
     try:
-        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms)
+        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms, claim.shared_through)
     except RuntimeError as e:            # some runs failed: they are recorded as crashed, and count
         print(f"campaign: {e}", flush=True)
     wall = time.perf_counter() - started

@@ -174,7 +174,12 @@ def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str
 
 
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
-            sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None) -> None:
+            sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None, through: int = 1) -> None:
+    """Each seed's base run, then every arm's run continuing it (`run.base`): the initial policy and, `through` 1,
+    the first rollout too; `through` 0 shares the initial policy and its evaluation only (arms whose rollouts
+    differ from the first iteration on, e.g. branching)."""
+    if through not in (0, 1):
+        raise ValueError(f"through {through}: the arms share iteration 0 (0) or iterations 0 and 1 (1)")
     arms = arms or parse_arms(methods, [])
     base = anchored(apply_overrides(read_params(params_file)[0], list(sets)))
     for method, own in arms.values():    # every arm's params checked before any work
@@ -185,10 +190,10 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
         seed_dir = work / f"base_s{seed}"
         _workflow(seed_dir)
         write_run_params(seed_dir, _params(base, "grpo", seed, uri))
-        _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), "results/iter_1/groups.parquet",
-                   "results/iter_0/eval.parquet")
-        for label, (method, own) in arms.items():  # each links the base's initial policy and first rollout
-            continuing_run(work / f"{label}_s{seed}", base, method, seed, uri, seed_dir, through=1, sets=own)
+        targets = ["results/iter_1/groups.parquet"] if through == 1 else []
+        _snakemake(seed_dir, max(cores, cores * jobs // len(seeds)), *targets, "results/iter_0/eval.parquet")
+        for label, (method, own) in arms.items():  # each links the base's initial policy (and first rollout)
+            continuing_run(work / f"{label}_s{seed}", base, method, seed, uri, seed_dir, through=through, sets=own)
 
     run_side_by_side(base_run, seeds, [work / f"{a}_s{s}" for s in seeds for a in arms], jobs, cores)
 

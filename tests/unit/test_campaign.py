@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench.campaign import Design, boundaries, decide, spent
+from bench.campaign import CLAIMS, Design, boundaries, decide, spent
 
 
 def test_obrien_fleming_spending_by_hand():
@@ -163,3 +163,43 @@ def test_a_claim_folder_is_checked_by_key(tmp_path):
     (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "seeds": 3}))
     with pytest.raises(SystemExit, match=r"unknown keys \['seeds'\]"):
         load_claim(folder)
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "shared_through": 2}))
+    with pytest.raises(SystemExit, match=r"design.yaml: shared_through 2; expected 1 .* or 0"):
+        load_claim(folder)
+
+
+def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_path, monkeypatch):
+    """run_batch hands bench.learning the claim's two arms, its overrides and `shared_through` (0 for arms whose
+    rollouts differ from the first iteration, e.g. branching), and records every run, a missing one as crashed."""
+    import yaml
+
+    from bench import campaign, learning
+
+    folder = _claim_folder(tmp_path)
+    raw = yaml.safe_load((folder / "design.yaml").read_text())
+    raw["arms"]["other"] = ["rloo"]
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "shared_through": 0, "sets": ["loop.iterations=1"]}))
+    calls = []
+    monkeypatch.setattr(learning, "run_all", lambda *a: calls.append(a))
+    claim = campaign.load_claim(folder)
+    (tmp_path / "b").mkdir()
+    assert claim.shared_through == 0 and campaign.load_claim(_claim_folder(tmp_path / "b")).shared_through == 1
+    campaign.run_batch(claim, [3], tmp_path / "work", jobs=2, cores=1)
+    (_, _, seeds, _, _, _, sets, arms, through), = calls
+    assert seeds == [3] and sets == ["loop.iterations=1"] and through == 0
+    assert arms == {"gigpo": ("gigpo", []), "grpo": ("grpo", [])}          # not the third arm
+    for label in ("gigpo", "grpo"):
+        assert '"status": "crashed"' in (folder / "runs" / f"{label}_s3" / "run.json").read_text()
+
+
+@pytest.mark.parametrize("claim", sorted(p.parent.name for p in CLAIMS.glob("*/design.yaml")))
+def test_every_committed_design_loads_and_its_arms_validate(claim):
+    """The designs in docs/data/claims are fixed before their runs: each loads, and both arms' params (the config,
+    the design's overrides, the arm's method and overrides) pass the checks a run makes before any work."""
+    from bench.campaign import load_claim
+    from pipeline.config.params import check_dependencies, load_params
+
+    c = load_claim(CLAIMS / claim)
+    for label in (c.design.method, c.design.baseline):
+        method, *own = c.arms[label]
+        check_dependencies(load_params(c.params, [*c.sets, f"credit.method={method}", *own]), c.params)
