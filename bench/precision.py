@@ -20,6 +20,12 @@ in a scratch run folder per dtype whose inputs are links to the run's own output
 job `--repeats` times; its wall seconds from the start of the process to its end; `--code DIR ...` runs each job in
 every given checkout as well (a worktree of an earlier commit: before against after), `--set KEY=VALUE` overrides
 the params. Writes `OUT/precision_jobs.csv`.
+`--learning BF16 FP32 [BF16 FP32 ...]`: whether bf16 learns as well as fp32, from finished runs (results
+folders, a bf16 and an fp32 run of each seed): per seed the per-task difference of the held-out success averaged
+over iterations `--from-iteration`.. the last (the two runs' warm starts differ, so iteration 0 is not shared), then
+the mean over seeds with a t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and
+the non-inferiority verdict: bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
+(the two-sided 90 % interval's) is above −margin. Writes `OUT/precision_learning.csv`.
 Every row names the CPU and its bf16 flags.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import shutil
 import subprocess
 import sys
@@ -34,14 +41,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import torch
 import yaml
 
 from bench import cpu_name
+from bench.verdicts import evaluated_iterations, interval, standard_error, task_success
 from pipeline.config.files import read_params
 from pipeline.config.params import load_params, with_overrides
-from pipeline.data.tables import ADVANTAGES, STEPS, read_table
+from pipeline.data.tables import ADVANTAGES, STEPS, read_table, write_text_atomic
 from pipeline.model.precision import cpu_bf16_flags
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm", "aten::_mm")
@@ -276,10 +285,56 @@ def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], r
     _write(out / "precision_jobs.csv", rows)
 
 
+def noninferiority(per_task: list[np.ndarray], margin: float = 5.0) -> dict:
+    """bf16 − fp32 from each seed's per-task differences (points): the mean, its standard error over seeds and the
+    task panel, the one-sided 95 % lower bound and whether it clears −`margin`."""
+    per_task = [np.asarray(x, dtype=np.float64) for x in per_task]
+    mean = float(np.mean([x.mean() for x in per_task]))
+    se, df, covers = standard_error(per_task)
+    low, high = interval(mean, se, df, 0.90)
+    shown = bool(math.isfinite(low) and low > -margin)
+    return {"seeds": len(per_task), "mean": mean, "se": se, "df": df, "lower_95_one_sided": low,
+            "upper_95_one_sided": high, "margin": margin, "covers": covers, "not_worse": shown}
+
+
+def learning_check(runs: list[Path], first: int, margin: float, out: Path) -> dict:
+    """The non-inferiority check of `--learning` over (bf16, fp32) pairs of results folders."""
+    if len(runs) % 2:
+        raise SystemExit(f"--learning: {len(runs)} folders; give a bf16 and an fp32 run for each seed")
+    rows, per_task = [], []
+    for bf, fp in zip(runs[::2], runs[1::2]):
+        tables = []
+        for r in (bf, fp):
+            its = [i for i in evaluated_iterations(r) if i >= first]
+            if not its:
+                raise SystemExit(f"--learning: {r} has no evaluation at iteration {first} or later")
+            tables.append(task_success(r, its).group_by("task_id").agg(pl.col("success").mean()).sort("task_id"))
+        a, b = tables
+        if a["task_id"].to_list() != b["task_id"].to_list():
+            raise SystemExit(f"--learning: {bf} and {fp} evaluated different held-out tasks")
+        d = 100.0 * (a["success"].to_numpy() - b["success"].to_numpy())
+        per_task.append(d)
+        rows.append({"bf16": str(bf), "fp32": str(fp), "bf16_mean": float(a["success"].mean()),
+                     "fp32_mean": float(b["success"].mean()), "diff_points": float(d.mean()), "tasks": len(d)})
+    result = noninferiority(per_task, margin)
+    out.mkdir(parents=True, exist_ok=True)
+    cpu = machine()
+    write_text_atomic(out / "precision_learning.csv", pl.DataFrame(
+        [{**r, **cpu} for r in rows] + [{"bf16": "mean over seeds", "diff_points": result["mean"],
+                                           "lower_95_one_sided": result["lower_95_one_sided"], **cpu}],
+        infer_schema_length=None).write_csv())
+    verdict = "not worse" if result["not_worse"] else "not shown to be no worse"
+    seeds = ", ".join(f"{r['diff_points']:+.1f}" for r in rows)
+    print(f"bf16 − fp32, held-out success over iterations {first}-: {result['mean']:+.1f} points over "
+          f"{result['seeds']} seeds (per seed {seeds}); one-sided 95 % lower bound "
+          f"{result['lower_95_one_sided']:+.1f} ({result['covers']}): {verdict} than fp32 by {margin:g} points or more")
+    return result
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", type=Path, required=True)
-    ap.add_argument("--run", type=Path, required=True, help="a run's results folder with the iteration's outputs")
+    ap.add_argument("--params", type=Path)
+    ap.add_argument("--run", type=Path, help="a run's results folder with the iteration's outputs")
     ap.add_argument("--iteration", type=int, default=1)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--profile", action="store_true")
@@ -296,7 +351,17 @@ def main(argv=None) -> None:
     ap.add_argument("--code", type=Path, nargs="+", default=[Path.cwd()],
                     help="--jobs: checkouts whose stages run each job (e.g. a git worktree of an earlier commit)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the profiles (default: torch's)")
+    ap.add_argument("--learning", type=Path, nargs="+", default=[], metavar="RESULTS",
+                    help="bf16 and fp32 results folders of each seed, alternating: the non-inferiority check")
+    ap.add_argument("--from-iteration", type=int, default=1)
+    ap.add_argument("--margin", type=float, default=5.0, help="--learning: points")
     a = ap.parse_args(argv)
+    if a.learning:
+        learning_check(a.learning, a.from_iteration, a.margin, a.out)
+        if not (a.profile or a.jobs):
+            return
+    if a.params is None or a.run is None:
+        ap.error("--params and --run are needed for --profile and --jobs")
     if a.threads:
         torch.set_num_threads(a.threads)
     params = load_params(a.params)

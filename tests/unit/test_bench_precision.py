@@ -36,3 +36,42 @@ def test_a_profile_splits_into_forward_backward_and_optimizer():
     assert table[("overhead", "python")] > 9.0
     names = {(n, ph) for n, ph, _, _ in top}
     assert ("aten::addmm", "forward") in names and ("aten::mm", "backward") in names
+
+
+def test_noninferiority_by_hand():
+    """Two seeds, two tasks: differences (+10, 0) and (-10, 0) points. Seed means +5 and -5: their variance 50 over
+    2 seeds is 25; the tasks' means over seeds are 0 and 0, no panel term; se 5 on 1 degree of freedom, the lower
+    bound 0 - t(0.95, 1) x 5 = -31.57: not shown. Three seeds of +1, +2 and +3 points on one task each: se
+    sqrt(1/3), 2 df, lower bound 2 - 2.920 x 0.577 = 0.314: not worse by 5."""
+    import numpy as np
+
+    from bench.precision import noninferiority
+
+    r = noninferiority([np.array([10.0, 0.0]), np.array([-10.0, 0.0])], margin=5)
+    assert r["mean"] == 0 and r["se"] == pytest.approx(5.0) and r["df"] == 1
+    assert r["lower_95_one_sided"] == pytest.approx(-6.313752 * 5, abs=1e-4) and not r["not_worse"]
+    r = noninferiority([np.array([1.0]), np.array([2.0]), np.array([3.0])], margin=5)
+    assert r["lower_95_one_sided"] == pytest.approx(2 - 2.919986 * (1 / 3) ** 0.5, abs=1e-5) and r["not_worse"]
+
+
+def test_the_learning_check_pairs_runs_by_seed_over_later_iterations(tmp_path, monkeypatch, capsys):
+    """Each seed's bf16 and fp32 runs, averaged over iterations 1 on and differenced task by task; an odd number
+    of folders and different panels are refused."""
+    import polars as pl
+
+    from bench import precision
+
+    success = {  # run -> iteration -> rates of tasks 7 and 9
+        "bf_0": {0: [0.0, 0.0], 1: [1.0, 0.5], 2: [1.0, 1.0]}, "fp_0": {0: [1.0, 1.0], 1: [0.5, 0.5], 2: [1.0, 0.5]},
+        "bf_1": {0: [0.0, 0.0], 1: [0.5, 0.5], 2: [0.5, 0.5]}, "fp_1": {0: [0.0, 0.0], 1: [0.5, 0.0], 2: [0.5, 0.5]},
+    }
+    monkeypatch.setattr(precision, "evaluated_iterations", lambda r: [0, 1, 2])
+    monkeypatch.setattr(precision, "task_success", lambda r, its: pl.DataFrame(
+        [{"iteration": i, "task_id": t, "success": success[r.name][i][j]} for i in its for j, t in enumerate((9, 7))]))
+    r = precision.learning_check([tmp_path / n for n in ("bf_0", "fp_0", "bf_1", "fp_1")], 1, 5.0, tmp_path)
+    # seed 0: bf16 (1.0, 0.75) against fp32 (0.75, 0.5) by task -> +25, +25; seed 1: (0.5, 0.5) - (0.5, 0.25) -> 0, +25
+    table = pl.read_csv(tmp_path / "precision_learning.csv")
+    assert table["diff_points"].to_list()[:2] == [25.0, 12.5] and r["mean"] == pytest.approx(18.75)
+    assert "bf16 − fp32, held-out success over iterations 1-: +18.8 points over 2 seeds" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="give a bf16 and an fp32 run for each seed"):
+        precision.learning_check([tmp_path / "bf_0"], 1, 5.0, tmp_path)
