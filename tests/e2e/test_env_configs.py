@@ -95,9 +95,11 @@ def test_tiny_search_configuration_with_igpo_scores_every_turn_in_the_fit_stage(
 def test_tiny_python_configuration_end_to_end(tmp_path):
     import polars as pl
 
-    params = run_env_config(tmp_path, "python.yaml", credit={"method": "gigpo"}, policy={"max_new_tokens": 24})
+    params = run_env_config(tmp_path, "python.yaml", credit={"method": "gigpo"}, policy={"max_new_tokens": 24},
+                            rollout={"branching": {"mode": "entropy", "threshold": 1.0}})
     run = tmp_path / params["run"]["dir"]
     steps = pl.read_parquet(run / "iter_1/steps.parquet")
+    assert steps["entropy"].null_count() == 0     # branching on: the sampler scored every response's entropy
     assert pl.read_parquet(run / "iter_1/advantages.parquet").height == steps.height
     assert "<python>code</python>" in steps["prompt"][0] and "Problem: " in steps["prompt"][0]
     held_out = pl.read_parquet(run / "iter_0/eval.parquet")

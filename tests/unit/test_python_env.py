@@ -153,3 +153,57 @@ def test_generated_training_problems_need_the_shipped_kinds(tmp_path):
     write_jsonl(tmp_path / "test.jsonl", [{"question": "q", "answer": "#### 1"}])
     with pytest.raises(ValueError, match="env.train_problems: generated draws problems of the shipped kinds"):
         PythonConfig(data_path=str(tmp_path), train_problems="generated")
+
+
+def test_arpo_branching_runs_on_the_python_env_unchanged(monkeypatch):
+    """ARPO's entropy branching (tau 1: every branch point branches) on the interpreter: a branch point is the state
+    after a program that computed one of the problem's steps (a tool call that changed the state), so each global
+    trajectory hands one copy that shares its program turn, with the program's real result in its observation, and
+    resamples its answer there. The scripted policy runs the problem's first reference program, then answers 42 or
+    41 by its sampling seed."""
+    import re
+
+    import polars as pl
+
+    from pipeline.envs.base import spec_of
+    from pipeline.model.policy import EntropySpec, Generation
+    from pipeline.rollout import episodes
+    from pipeline.rollout.episodes import Branching, EpisodeSpec, play_episodes
+
+    train, _ = problems.load(problems.OUT)
+    steps_of = [p.steps[0] for p in train]
+    index = {p.question: i for i, p in enumerate(train)}
+
+    class Scripted:
+        name = "scripted"
+
+        def __init__(self, *a):
+            pass
+
+        def __call__(self, prompt_ids, max_new_tokens, temperature, seed, entropy=None):
+            return [Generation([1], [-0.5], f"<python>{steps_of[q]}</python>" if turn == 0 else
+                               f"<answer>{42 - s % 2}</answer>", 0.0) for (turn, q), s in zip(prompt_ids, seed)]
+
+    def encode(tok, prompt):       # (turns so far, the problem): what the scripted policy reads of its prompt
+        return [len(re.findall(r"<result>\s*-?\d", prompt)), index[re.search(r"Problem: (.*)", prompt)[1].strip()]]
+
+    monkeypatch.setattr(episodes, "HFSampler", Scripted)
+    monkeypatch.setattr(episodes, "encode_prompt", encode)
+    cfg = load_params("configs/python.yaml").env
+    b = Branching("entropy", cfg.max_turns, 4, 2, 2, 1.0, 0.2, EntropySpec(20, 10, 400),
+                  tool_call=spec_of(cfg).tool_call)
+    specs = [EpisodeSpec(task_seed("train", 0, 1, t), t, t * 1000 + g) for t in range(2) for g in range(4)]
+    steps = play_episodes(Scripted(), None, lambda: make_env(cfg), specs, history_turns=4, max_new_tokens=8,
+                          temperature=1.0, batch_size=8, seed=0, branching=b)
+    eps = steps.group_by("episode_id").agg(pl.col("parent_episode").first(), pl.col("branch_turn").first(),
+                                           pl.col("shared").sum(), pl.len()).sort("episode_id")
+    assert eps.height == 8 and eps["len"].to_list() == [2] * 8       # a program and an answer each
+    branches = eps.filter(pl.col("parent_episode").is_not_null())
+    assert branches["parent_episode"].to_list() == [0, 1, 1000, 1001]   # one copy per global trajectory
+    assert branches["branch_turn"].to_list() == [1] * 4 and branches["shared"].to_list() == [1] * 4
+    for r in branches.iter_rows(named=True):
+        child = steps.filter(pl.col("episode_id") == r["episode_id"]).sort("step")
+        parent = steps.filter(pl.col("episode_id") == r["parent_episode"]).sort("step")
+        assert child["shared"].to_list() == [True, False] and child["action"][0] == parent["action"][0]
+        assert child["observation"][1] == parent["observation"][1] and child["observation"][1].startswith("<result>")
+        assert child["action"][1] in ("<answer>41</answer>", "<answer>42</answer>")
