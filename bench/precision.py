@@ -323,11 +323,12 @@ def learning_check(runs: list[Path], first: int, margin: float, out: Path) -> di
         [{**r, **cpu} for r in rows] + [{"bf16": "mean over seeds", "diff_points": result["mean"],
                                            "lower_95_one_sided": result["lower_95_one_sided"], **cpu}],
         infer_schema_length=None).write_csv())
-    verdict = "not worse" if result["not_worse"] else "not shown to be no worse"
+    verdict = (f"bf16 is not worse than fp32 by {margin:g} points or more" if result["not_worse"] else
+               f"not shown: bf16 may be worse than fp32 by {margin:g} points or more")
     seeds = ", ".join(f"{r['diff_points']:+.1f}" for r in rows)
     print(f"bf16 − fp32, held-out success over iterations {first}-: {result['mean']:+.1f} points over "
           f"{result['seeds']} seeds (per seed {seeds}); one-sided 95 % lower bound "
-          f"{result['lower_95_one_sided']:+.1f} ({result['covers']}): {verdict} than fp32 by {margin:g} points or more")
+          f"{result['lower_95_one_sided']:+.1f} ({result['covers']}): {verdict}")
     return result
 
 
