@@ -21,7 +21,7 @@ job `--repeats` times; its wall seconds from the start of the process to its end
 every given checkout as well (a worktree of an earlier commit: before against after), `--set KEY=VALUE` overrides
 the params. Writes `OUT/precision_jobs.csv`.
 `--learning BF16 FP32 [BF16 FP32 ...]`: whether bf16 learns as well as fp32, from finished runs (results
-folders, a bf16 and an fp32 run of each seed): per seed the per-task difference of the held-out success averaged
+folders, or their per-task tables as `bench.verdicts.task_success` writes them; a bf16 and an fp32 run of each seed): per seed the per-task difference of the held-out success averaged
 over iterations `--from-iteration`.. the last (the two runs' warm starts differ, so iteration 0 is not shared), then
 the mean over seeds with a t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and
 the non-inferiority verdict: bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
@@ -305,10 +305,14 @@ def learning_check(runs: list[Path], first: int, margin: float, out: Path) -> di
     for bf, fp in zip(runs[::2], runs[1::2]):
         tables = []
         for r in (bf, fp):
-            its = [i for i in evaluated_iterations(r) if i >= first]
-            if not its:
+            if r.is_file():     # a per-task table (bench.verdicts.task_success's columns), e.g. committed
+                table = pl.read_csv(r).filter(pl.col("iteration") >= first)
+            else:
+                its = [i for i in evaluated_iterations(r) if i >= first]
+                table = task_success(r, its) if its else pl.DataFrame()
+            if not table.height:
                 raise SystemExit(f"--learning: {r} has no evaluation at iteration {first} or later")
-            tables.append(task_success(r, its).group_by("task_id").agg(pl.col("success").mean()).sort("task_id"))
+            tables.append(table.group_by("task_id").agg(pl.col("success").mean()).sort("task_id"))
         a, b = tables
         if a["task_id"].to_list() != b["task_id"].to_list():
             raise SystemExit(f"--learning: {bf} and {fp} evaluated different held-out tasks")

@@ -75,3 +75,16 @@ def test_the_learning_check_pairs_runs_by_seed_over_later_iterations(tmp_path, m
     assert "bf16 − fp32, held-out success over iterations 1-: +18.8 points over 2 seeds" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give a bf16 and an fp32 run for each seed"):
         precision.learning_check([tmp_path / "bf_0"], 1, 5.0, tmp_path)
+
+
+def test_the_learning_check_reads_committed_per_task_tables(tmp_path):
+    import polars as pl
+
+    from bench.precision import learning_check
+
+    for name, rates in (("bf.csv", [0.0, 1.0, 1.0, 0.5]), ("fp.csv", [1.0, 1.0, 0.5, 0.5])):
+        pl.DataFrame({"iteration": [0, 0, 1, 1], "task_id": [3, 4, 3, 4], "success": rates}).write_csv(tmp_path / name)
+    r = learning_check([tmp_path / "bf.csv", tmp_path / "fp.csv"], 1, 5.0, tmp_path)
+    assert r["mean"] == pytest.approx(25.0)          # iteration 1 only: (1.0 - 0.5 + 0.5 - 0.5) / 2 in points
+    with pytest.raises(SystemExit, match="no evaluation at iteration 2 or later"):
+        learning_check([tmp_path / "bf.csv", tmp_path / "fp.csv"], 2, 5.0, tmp_path)
