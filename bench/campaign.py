@@ -315,21 +315,34 @@ def next_batch(claim: Claim, runs: dict) -> list[int]:
 
 def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int) -> None:
     """Both arms of every seed in `seeds` (bench.learning's runs from one initial policy per seed), each recorded
-    as it ends, crashed or not."""
+    the moment it ends, crashed or not (commit them as they land: the next session may be on another machine); a
+    run that never started (its seed's base run failed) is recorded as crashed when the batch ends."""
     from bench import learning
 
     arms = {label: (spec[0], list(spec[1:])) for label, spec in claim.arms.items()
             if label in (claim.design.method, claim.design.baseline)}
     started = time.perf_counter()
+    done: set[Path] = set()
+
+    def ended(d: Path, error: BaseException | None, wall: float) -> None:
+        label, _, seed = d.name.rpartition("_s")
+        status = "ok" if error is None and _finished(d) else "crashed"
+        record(claim, label, int(seed), d, status, wall)
+        done.add(d)
+        print(f"campaign {claim.design.claim}: {d.name} {status} in {wall:.0f} s, recorded in "
+              f"{claim.folder / 'runs' / d.name}", flush=True)
+
     try:
-        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms, claim.shared_through)
+        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms, claim.shared_through,
+                         on_done=ended)
     except RuntimeError as e:            # some runs failed: they are recorded as crashed, and count
         print(f"campaign: {e}", flush=True)
     wall = time.perf_counter() - started
     for s in seeds:
         for label in arms:
             d = work / f"{label}_s{s}"
-            record(claim, label, s, d, "ok" if _finished(d) else "crashed", wall)
+            if d not in done:
+                record(claim, label, s, d, "ok" if _finished(d) else "crashed", wall)
 
 
 def _finished(run_dir: Path) -> bool:

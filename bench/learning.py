@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,12 +144,25 @@ def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: st
     return d
 
 
-def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, cores: int) -> None:
+def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, cores: int,
+                     on_done: Callable[[Path, BaseException | None, float], None] | None = None) -> None:
     """`base_run(seed)` for every seed, then Snakemake in every folder of `runs`, `jobs` at a time; one error
-    naming every run that failed."""
+    naming every run that failed. `on_done(folder, error or None, wall seconds)` as each run ends (a campaign
+    records it at once)."""
+    def one(d: Path) -> None:
+        t0 = time.perf_counter()
+        try:
+            _snakemake(d, cores)
+        except BaseException as e:
+            if on_done is not None:
+                on_done(d, e, time.perf_counter() - t0)
+            raise
+        if on_done is not None:
+            on_done(d, None, time.perf_counter() - t0)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
-        futures = {d: pool.submit(_snakemake, d, cores) for d in runs}
+        futures = {d: pool.submit(one, d) for d in runs}
     failed = {d: f.exception() for d, f in futures.items() if f.exception() is not None}
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
@@ -174,10 +188,12 @@ def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str
 
 
 def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path, jobs: int, cores: int,
-            sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None, through: int = 1) -> None:
+            sets: list[str] = (), arms: dict[str, tuple[str, list[str]]] | None = None, through: int = 1,
+            on_done: Callable[[Path, BaseException | None, float], None] | None = None) -> None:
     """Each seed's base run, then every arm's run continuing it (`run.base`): the initial policy and, `through` 1,
     the first rollout too; `through` 0 shares the initial policy and its evaluation only (arms whose rollouts
-    differ from the first iteration on, e.g. branching)."""
+    differ from the first iteration on, e.g. branching). `on_done`: called as each arm's run ends
+    (`run_side_by_side`)."""
     if through not in (0, 1):
         raise ValueError(f"through {through}: the arms share iteration 0 (0) or iterations 0 and 1 (1)")
     arms = arms or parse_arms(methods, [])
@@ -195,7 +211,7 @@ def run_all(params_file: Path, methods: list[str], seeds: list[int], work: Path,
         for label, (method, own) in arms.items():  # each links the base's initial policy (and first rollout)
             continuing_run(work / f"{label}_s{seed}", base, method, seed, uri, seed_dir, through=through, sets=own)
 
-    run_side_by_side(base_run, seeds, [work / f"{a}_s{s}" for s in seeds for a in arms], jobs, cores)
+    run_side_by_side(base_run, seeds, [work / f"{a}_s{s}" for s in seeds for a in arms], jobs, cores, on_done)
 
 
 def collect(work: Path, methods: list[str], seeds: list[int]) -> pl.DataFrame:

@@ -170,7 +170,12 @@ def test_a_claim_folder_is_checked_by_key(tmp_path):
 
 def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_path, monkeypatch):
     """run_batch hands bench.learning the claim's two arms, its overrides and `shared_through` (0 for arms whose
-    rollouts differ from the first iteration, e.g. branching), and records every run, a missing one as crashed."""
+    rollouts differ from the first iteration, e.g. branching), and records each run the moment it ends: a run
+    that evaluated its last iteration as ok with its own wall time, one that failed as crashed, and one that never
+    ran as crashed when the batch ends."""
+    import json
+
+    import polars as pl
     import yaml
 
     from bench import campaign, learning
@@ -180,16 +185,35 @@ def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_p
     raw["arms"]["other"] = ["rloo"]
     (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "shared_through": 0, "sets": ["loop.iterations=1"]}))
     calls = []
-    monkeypatch.setattr(learning, "run_all", lambda *a: calls.append(a))
+
+    def fake_run_all(*a, on_done):
+        calls.append(a)
+        work = a[3]
+        ok = work / "gigpo_s3"              # evaluated its last iteration (1)
+        for it in (0, 1):
+            (ok / "results" / f"iter_{it}").mkdir(parents=True)
+            pl.DataFrame({"task_id": [5], "success": [it == 1], "episode_id": [0]}).write_parquet(
+                ok / "results" / f"iter_{it}" / "eval.parquet")
+        (ok / "params.yaml").write_text(yaml.safe_dump({"loop": {"iterations": 1}}))
+        on_done(ok, None, 12.5)
+        assert json.loads((folder / "runs" / "gigpo_s3" / "run.json").read_text())["status"] == "ok"   # at once
+        on_done(work / "grpo_s3", RuntimeError("snakemake failed"), 3.0)
+        raise RuntimeError("1 of 2 runs failed")
+
+    monkeypatch.setattr(learning, "run_all", fake_run_all)
+    monkeypatch.setattr(campaign, "task_success", lambda results, its: pl.DataFrame(
+        {"iteration": its, "task_id": [5] * len(its), "success": [float(i == 1) for i in its]}))
     claim = campaign.load_claim(folder)
     (tmp_path / "b").mkdir()
     assert claim.shared_through == 0 and campaign.load_claim(_claim_folder(tmp_path / "b")).shared_through == 1
-    campaign.run_batch(claim, [3], tmp_path / "work", jobs=2, cores=1)
+    campaign.run_batch(claim, [3, 4], tmp_path / "work", jobs=2, cores=1)
     (_, _, seeds, _, _, _, sets, arms, through), = calls
-    assert seeds == [3] and sets == ["loop.iterations=1"] and through == 0
+    assert seeds == [3, 4] and sets == ["loop.iterations=1"] and through == 0
     assert arms == {"gigpo": ("gigpo", []), "grpo": ("grpo", [])}          # not the third arm
-    for label in ("gigpo", "grpo"):
-        assert '"status": "crashed"' in (folder / "runs" / f"{label}_s3" / "run.json").read_text()
+    status = {d.name: json.loads((d / "run.json").read_text()) for d in (folder / "runs").iterdir()}
+    assert {k: v["status"] for k, v in status.items()} == {"gigpo_s3": "ok", "grpo_s3": "crashed",
+                                                           "gigpo_s4": "crashed", "grpo_s4": "crashed"}
+    assert status["gigpo_s3"]["wall_s"] == 12.5 and status["gigpo_s3"]["iterations"] == [0, 1]
 
 
 @pytest.mark.parametrize("claim", sorted(p.parent.name for p in CLAIMS.glob("*/design.yaml")))
