@@ -87,3 +87,11 @@ def test_bad_inputs(tmp_path):
         ed.main(["--csv", str(bad), "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="at least 2 episodes"):
         ed.components(np.array([0.0, 1.0]), 1)
+
+
+def test_one_episode_a_task_is_refused_by_name(tmp_path):
+    t = tmp_path / "run1" / "task_success.csv"
+    t.parent.mkdir()
+    pl.DataFrame({"iteration": [0, 0], "task_id": [1, 2], "success": [1.0, 0.0]}).write_csv(t)
+    with pytest.raises(SystemExit, match="the components need at least 2 episodes a task"):
+        ed.main(["--csv", str(t), "--episodes-per-task", "1", "--out", str(tmp_path)])
