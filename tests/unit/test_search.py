@@ -334,14 +334,19 @@ def test_questions_without_plans_are_refused_for_the_warm_start_at_plan_time(tmp
     assert "key 'warmstart': the warm start (800 steps, random_action_share 0.65 < 1)" in text
     assert "2 of 2 questions in" in text and "carry no plan" in text and "set warmstart.steps: 0" in text
     assert "\n" not in text
-    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(d)}, "warmstart": {"steps": 0}}))
+    # the folder holds one held-out question: evaluate.tasks at most 1 (params.yaml's 128 is refused by name)
+    assert "key 'evaluate.tasks': 128 held-out tasks, but env search's data holds 1" in text
+    one = {"tasks": 1}
+    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(d)}, "warmstart": {"steps": 0},
+                                 "evaluate": one}))
     check_dependencies(load_params(p), p)
     p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(d)}, "warmstart": {"steps": 0},
-                                 "update": {"objective": "step_dpo", "step_dpo": {"margin": "oracle"}}}))
+                                 "evaluate": one, "update": {"objective": "step_dpo", "step_dpo": {"margin": "oracle"}}}))
     with pytest.raises(ParamsError, match="key 'update.step_dpo.margin': the oracle margin"):
         check_dependencies(load_params(p), p)
     (tmp_path / "x").mkdir()
-    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(search_r1_folder(tmp_path / "x"))}}))
+    p.write_text(yaml.safe_dump({"env": {"name": "search", "data_path": str(search_r1_folder(tmp_path / "x"))},
+                                 "evaluate": one}))
     check_dependencies(load_params(p), p)                   # planned: an expert, accepted
 
 
