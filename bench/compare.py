@@ -6,8 +6,8 @@
 
 Each RUN is a run's params file (its `run.dir` says where its outputs are), or a folder holding the
 `params.yaml` a run ran with and its outputs. Runs are
-grouped by `credit.method` (`--group-by KEY` takes another params key) and told apart by `seed`, so several seeds
-of a group give a mean and a spread. The
+grouped by `credit.method` (`--group-by KEY` takes another params key; `policy.dtype` groups a run of `auto` by
+the dtype it resolved to) and told apart by `seed`, so several seeds of a group give a mean and a spread. The
 page (DIR/report.html, self-contained: the plots are embedded PNGs) shows:
 
 - the verdicts: each group against the baseline group (`--baseline`, GRPO by default, else the first): the paired
@@ -92,6 +92,9 @@ class Run:
             value = param_value(self.params, group_by)
         except (KeyError, TypeError):
             raise ValueError(f"--group-by {group_by}: not a key of {params_file}") from None
+        record = self.results / "iter_0" / "checkpoint" / "precision.json"
+        if group_by == "policy.dtype" and value == "auto" and record.is_file():
+            value = json.loads(record.read_text())["dtype"]       # what `auto` resolved to on the run's machine
         self.method = _short(value)
         self.seed = self.params.seed
         self.label = self.params.run.dir if path.is_file() else self.folder.name

@@ -45,3 +45,22 @@ def test_relative_model_and_data_paths_are_anchored_where_the_command_runs(tmp_p
     same = {"policy": {"path": "/abs/m.gguf"}, "env": {"name": "sokoban", "data_path": "data/absent"}}
     assert anchored(same, tmp_path) == same
     assert anchored({"policy": {"path": None}}, tmp_path) == {"policy": {"path": None}}
+
+
+def test_runs_grouped_by_dtype_name_what_auto_resolved_to(tmp_path):
+    """bench.compare --group-by policy.dtype: a run of `auto` is grouped by the dtype it computed in (its
+    precision record), so bf16 and fp32 runs of one config compare as bfloat16 against float32."""
+    import json
+
+    from bench.compare import Run
+
+    for name, dtype, resolved in (("a", "auto", "bfloat16"), ("b", "float32", "float32"), ("c", "auto", None)):
+        d = tmp_path / name
+        (d / "results" / "iter_0" / "checkpoint").mkdir(parents=True)
+        (d / "params.yaml").write_text(yaml.safe_dump({"policy": {"dtype": dtype}, "run": {"dir": "results"}}))
+        (d / "results" / "iter_0" / "eval_metrics.json").write_text(json.dumps({"success_rate": 0.5}))
+        if resolved:
+            (d / "results" / "iter_0" / "checkpoint" / "precision.json").write_text(json.dumps(
+                {"requested": dtype, "dtype": resolved}))
+    assert [Run(tmp_path / n, "policy.dtype").method for n in "abc"] == ["bfloat16", "float32", "auto"]
+    assert Run(tmp_path / "a").method == "grpo"
