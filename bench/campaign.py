@@ -22,7 +22,8 @@ crashed counts: its arm scores 0 at every iteration it did not evaluate.
 A claim is a folder `docs/data/claims/<CLAIM>/` holding `design.yaml` (the `Design`'s keys, plus `params`: the
 config file, `sets`: overrides for every run, `arms`: {label: [credit method, KEY=VALUE ...]} for the method
 and the baseline, and `shared_through`: 1, the arms of a seed share its initial policy and first rollout, or 0,
-the initial policy only, for arms that roll out differently). Each finished run is recorded there as `runs/<label>_s<seed>/` (its per-task held-out success,
+the initial policy only, for arms that roll out differently). Each finished run is recorded there as
+`runs/<label>_s<seed>/` (its per-task held-out success,
 `task_success.csv`; its params; `run.json`: status, CPU, bf16 flags, commit, wall seconds), small files to commit
 as they land, so that a campaign goes on after a restart on another machine. The runner takes the seeds the next
 look needs that are not recorded, runs both arms of each (`bench.learning`: one initial policy and first rollout

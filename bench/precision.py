@@ -21,10 +21,10 @@ job `--repeats` times; its wall seconds from the start of the process to its end
 every given checkout as well (a worktree of an earlier commit: before against after), `--set KEY=VALUE` overrides
 the params. Writes `OUT/precision_jobs.csv`.
 `--learning BF16 FP32 [BF16 FP32 ...]`: whether bf16 learns as well as fp32, from finished runs (results
-folders, or their per-task tables as `bench.verdicts.task_success` writes them; a bf16 and an fp32 run of each seed): per seed the per-task difference of the held-out success averaged
-over iterations `--from-iteration`.. the last (the two runs' warm starts differ, so iteration 0 is not shared), then
-the mean over seeds with a t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and
-the non-inferiority verdict: bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
+folders, or their per-task tables as `bench.verdicts.task_success` writes them; a bf16 and an fp32 run of each
+seed): per seed the per-task difference of the held-out success averaged over iterations `--from-iteration`..
+the last (the two runs' warm starts differ, so iteration 0 is not shared), then the mean over seeds with a
+t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and the non-inferiority verdict: bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
 (the two-sided 90 % interval's) is above −margin. Writes `OUT/precision_learning.csv`.
 Every row names the CPU and its bf16 flags.
 """

@@ -532,8 +532,14 @@ def lacks(cfg: SearchConfig, capability: str) -> str | None:
 
 
 def held_out(cfg: SearchConfig) -> int:
-    """The number of held-out questions (the test file's records)."""
-    return sum(1 for _ in _question_records(_question_file(Path(_root(cfg.data_path)), "test")))
+    """The number of held-out questions (the test file's records), read once per data folder and process: every
+    stage checks it when its params load."""
+    return _held_out_count(_root(cfg.data_path))
+
+
+@lru_cache(maxsize=4)
+def _held_out_count(root: str) -> int:
+    return sum(1 for _ in _question_records(_question_file(Path(root), "test")))
 
 
 def _unplanned(root: str) -> str | None:
