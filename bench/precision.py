@@ -24,7 +24,8 @@ the params. Writes `OUT/precision_jobs.csv`.
 folders, or their per-task tables as `bench.verdicts.task_success` writes them; a bf16 and an fp32 run of each
 seed): per seed the per-task difference of the held-out success averaged over iterations `--from-iteration`..
 the last (the two runs' warm starts differ, so iteration 0 is not shared), then the mean over seeds with a
-t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and the non-inferiority verdict: bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
+t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and the non-inferiority verdict:
+bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
 (the two-sided 90 % interval's) is above −margin. Writes `OUT/precision_learning.csv`.
 Every row names the CPU and its bf16 flags.
 """
