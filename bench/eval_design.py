@@ -92,8 +92,6 @@ def load(runs: list[Path], csvs: list[Path], k_csv: int | None) -> dict[str, tup
             raise SystemExit(f"{r}/iter_{first}/eval.parquet: tasks have different numbers of episodes {counts}")
         out[_label(r)] = (ts, int(counts[0]))
     for c in csvs:
-        if k_csv is not None and k_csv < 2:
-            raise SystemExit(f"--episodes-per-task {k_csv}: the components need at least 2 episodes a task")
         if k_csv is None:
             raise SystemExit(f"--csv {c}: give its episodes a task with --episodes-per-task")
         ts = pl.read_csv(c)
@@ -103,8 +101,9 @@ def load(runs: list[Path], csvs: list[Path], k_csv: int | None) -> dict[str, tup
         out[_label(c)] = (ts, k_csv)
     for label, (_, k0) in out.items():
         if k0 < 2:
-            raise SystemExit(f"{label}: {k0} episode a task; telling the tasks' spread from the episodes' needs at "
-                             "least 2 (an evaluation of 32 x 4 or 64 x 2, say)")
+            raise SystemExit(f"{label}: {k0} episode a task (a CSV's from --episodes-per-task); the components need "
+                             "at least 2 episodes a task to tell the tasks' spread from the episodes' (an evaluation "
+                             "of 32 x 4 or 64 x 2, say)")
     return out
 
 
