@@ -48,7 +48,7 @@ def rounding(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], sc
         total += dw.numel()
     if den == 0.0:
         raise ValueError("the adapter's update is zero (B = 0): nothing to round")
-    return {"kept": num / den, "error": (err / den) ** 0.5, "lost": lost / total, "update_norm": den ** 0.5}
+    return {"kept": num / den, "error": (err / den) ** 0.5, "lost": lost / total}
 
 
 def load(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
