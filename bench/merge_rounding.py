@@ -44,7 +44,7 @@ def rounding(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], sc
         err += float(((got - dw) ** 2).sum())
         _, e = torch.frexp(w)                  # |w| in [2^(e-1), 2^e): bf16's spacing there is 2^(e-8)
         half = torch.ldexp(torch.ones_like(w), e - 9)
-        lost += int((dw.abs() < half).sum())
+        lost += int(((dw.abs() < half) & (w != 0)).sum())     # at 0 bf16 holds a small update as it is
         total += dw.numel()
     if den == 0.0:
         raise ValueError("the adapter's update is zero (B = 0): nothing to round")

@@ -38,3 +38,9 @@ def test_the_spacing_follows_the_weight_and_a_missing_base_weight_is_named():
         mr.rounding({"other.weight": torch.ones(1, 2)}, _adapter([1.0], [1.0, 1.0]), 1.0)
     with pytest.raises(ValueError, match="update is zero"):
         mr.rounding({"layer.weight": torch.ones(1, 2)}, _adapter([0.0], [1.0, 1.0]), 1.0)
+
+
+def test_an_update_to_a_zero_weight_is_kept_not_counted_lost():
+    # at 0.0 bf16 holds 2^-10 exactly; at 1.0 it rounds 1 + 2^-10 back to 1: kept 1/2, lost 1/2
+    r = mr.rounding({"layer.weight": torch.tensor([[0.0, 1.0]])}, _adapter([1.0], [2.0 ** -10, 2.0 ** -10]), 1.0)
+    assert r["kept"] == pytest.approx(0.5) and r["lost"] == 0.5
