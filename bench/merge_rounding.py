@@ -9,7 +9,8 @@ update dW = (alpha / r) B A in fp32:
     error  = |bf16(W + dW) - W - dW| / |dW|      what rounding did to the update, relative to it
     lost   = the share of dW's entries smaller than half a bf16 spacing at their weight (rounded away)
 
-summed over every adapted weight of the checkpoint.
+summed over every adapted weight of the checkpoint; the first two also for the merge rounded stochastically
+(`policy.merge_rounding: stochastic`, one draw).
 
     python -m bench.merge_rounding RUN/iter_6/checkpoint [RUN/iter_1/checkpoint ...]
 """
@@ -23,10 +24,13 @@ from pathlib import Path
 import torch
 
 from pipeline.model.policy import adapter_base, is_adapter
+from pipeline.model.precision import stochastic_bf16
 
 
-def rounding(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scale: float) -> dict[str, float]:
-    """The three figures above for `adapter`'s lora_A / lora_B pairs against the `base` state dict."""
+def rounding(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scale: float,
+             generator: torch.Generator | None = None) -> dict[str, float]:
+    """The three figures above for `adapter`'s lora_A / lora_B pairs against the `base` state dict; with a
+    `generator`, for the merge rounded stochastically (`policy.merge_rounding: stochastic`) instead of to nearest."""
     num = den = err = 0.0
     lost = total = 0
     for key, a in adapter.items():
@@ -38,7 +42,8 @@ def rounding(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], sc
             raise KeyError(f"adapter weight {key}: the base has no {name}")
         w = base[name].to(torch.bfloat16).float()
         dw = scale * (b @ a.float())
-        got = (w + dw).to(torch.bfloat16).float() - w
+        got = (w + dw).to(torch.bfloat16) if generator is None else stochastic_bf16(w + dw, generator)
+        got = got.float() - w
         num += float((got * dw).sum())
         den += float((dw * dw).sum())
         err += float(((got - dw) ** 2).sum())
@@ -68,9 +73,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoints", nargs="+", type=Path, help="LoRA checkpoint folders (a run's iter_<i>/checkpoint)")
     for c in ap.parse_args(argv).checkpoints:
-        r = rounding(*load(c))
+        base, adapter, scale = load(c)
+        r = rounding(base, adapter, scale)
+        st = rounding(base, adapter, scale, torch.Generator().manual_seed(0))
         print(f"{c}: bf16 merge keeps {r['kept']:.3f} of the update, rounding error {r['error']:.3f} of it, "
-              f"{r['lost']:.1%} of its entries below half a bf16 spacing")
+              f"{r['lost']:.1%} of its entries below half a bf16 spacing; rounded stochastically it keeps "
+              f"{st['kept']:.3f}, rounding error {st['error']:.3f}")
 
 
 if __name__ == "__main__":

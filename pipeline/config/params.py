@@ -91,6 +91,11 @@ class PolicyConfig(Section):
         "iteration 0's checkpoint (docs/models.md, Precision)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of the whole policy (null: "
                                       "full fine-tuning)")
+    merge_rounding: Literal["nearest", "stochastic"] = Field(
+        "nearest", description="how a LoRA checkpoint sampled in bf16 (rollout, evaluation) rounds its merged weights: "
+        "nearest (the adapter merged in bf16: an update below half of bf16's spacing at its weight is lost) or "
+        "stochastic (merged in fp32, each weight then rounded up or down at random, the update kept in expectation; "
+        "docs/models.md, Precision)")
 
     @model_validator(mode="after")
     def _path_exists(self):

@@ -66,11 +66,11 @@ def _head_dim(config: dict) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
-def merged_copy(folder: Path, dtype: str) -> Path:
+def merged_copy(folder: Path, dtype: str, merge_rounding: str = "nearest") -> Path:
     """A LoRA checkpoint's base with its adapter merged in, as one plain model folder in a new temporary directory
-    (`rollout.vllm.lora: merged`); the caller removes it."""
+    (`rollout.vllm.lora: merged`, rounded to `dtype` by `policy.merge_rounding`); the caller removes it."""
     out = Path(tempfile.mkdtemp(prefix="creditrl-vllm-"))
-    model, tok = load_policy(folder, dtype)
+    model, tok = load_policy(folder, dtype, merge_rounding=merge_rounding)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -112,7 +112,7 @@ class VLLMSampler:
             lora_args = dict(enable_lora=True, max_lora_rank=min(slots), max_loras=1)
             folder = adapter_base(folder)
         elif is_adapter(folder):   # a merged copy: base + adapter as one plain model folder
-            folder = self._tmp = merged_copy(folder, params.policy.dtype)
+            folder = self._tmp = merged_copy(folder, params.policy.dtype, params.policy.merge_rounding)
         if device.type == "cpu":   # the stage's thread budget (OMP_NUM_THREADS), placed by the OS
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             # vLLM declares its worker dead after one model step of 300 s; on a CPU shared with other stages a step
@@ -177,5 +177,6 @@ def open_sampler(params, checkpoint: str | Path, engine_seed: int):
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
         return VLLMSampler(Path(checkpoint), tokenizer, params, engine_seed), tokenizer
-    model, tokenizer = load_policy(checkpoint, params.policy.dtype, params.runtime.device)
+    model, tokenizer = load_policy(checkpoint, params.policy.dtype, params.runtime.device,
+                                   merge_rounding=params.policy.merge_rounding)
     return HFSampler(model, tokenizer), tokenizer

@@ -22,6 +22,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from pipeline.data.paths import INITIAL_CHECKPOINT, at, strip_dir
 from pipeline.data.seeds import mix_seed
+from pipeline.model import precision
 from pipeline.model.precision import DTYPES, RECORD, autocast, frozen_in_compute_dtype, mark, read_record, resolve
 
 EOS = "<eos>"
@@ -125,10 +126,12 @@ def adapter_base(path: str | Path) -> Path:
     return base.resolve()
 
 
-def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, auto_class=None):
+def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, auto_class=None,
+                 merge_rounding: str = "nearest"):
     """The model of a local folder, through `auto_class` (default AutoModelForCausalLM; SPA's estimator body takes
     AutoModel), as `load_policy` describes: fp32 master weights for `train`, else cast to `dtype`. A LoRA checkpoint
-    loads its base plus the adapter, trainable for `train`, else merged into the base."""
+    loads its base plus the adapter, trainable for `train`, else merged into the base; `merge_rounding` stochastic
+    merges in fp32 and rounds the sum to bf16 stochastically (`policy.merge_rounding`)."""
     from transformers import AutoModelForCausalLM  # start-up cost: transformers
 
     path = Path(path)
@@ -136,17 +139,34 @@ def load_weights(path: str | Path, dtype: str = "float32", train: bool = False, 
     folder = adapter_base(path) if adapter else path
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a Hugging Face model folder (config.json missing)")
+    stochastic = adapter and not train and merge_rounding == "stochastic" and dtype == "bfloat16"
     model = (auto_class or AutoModelForCausalLM).from_pretrained(
-        folder, local_files_only=True, dtype=torch.float32 if train else DTYPES[dtype])
+        folder, local_files_only=True, dtype=torch.float32 if train or stochastic else DTYPES[dtype])
     if train:
         mark(model, dtype)
+    if stochastic:   # the base as the trainer sees it (its weights cast to bf16), then the update added in fp32
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16).float()
     if adapter:
         from peft import PeftModel  # optional: peft
 
         model = PeftModel.from_pretrained(model, path, is_trainable=train)
         if not train:
             model = model.merge_and_unload()
+    if stochastic:
+        generator = torch.Generator().manual_seed(adapter_seed(path))
+        for _, p in sorted(model.named_parameters()):
+            p.data = precision.stochastic_bf16(p.data, generator)
+        model.to(torch.bfloat16)
     return model
+
+
+def adapter_seed(path: Path) -> int:
+    """A seed fixed by the adapter's weights: the same checkpoint merges to the same bf16 weights every time, and
+    each iteration's adapter draws its own rounding."""
+    import zlib
+
+    return zlib.crc32((Path(path) / "adapter_model.safetensors").read_bytes())
 
 
 def folder_tokenizer(path):
@@ -160,14 +180,14 @@ def folder_tokenizer(path):
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str | torch.device | None = None,
-                train: bool = False):
+                train: bool = False, merge_rounding: str = "nearest"):
     """Load (model, tokenizer) from a local folder, on `device` (a `runtime.device` name or a torch device; None
     keeps the CPU); a clear error when it is not a model folder.
 
     `train`: fp32 master weights whose forward passes run in `dtype` (`pipeline.model.precision`); otherwise the
     weights themselves are cast to `dtype` (sampling). A LoRA checkpoint loads its base model plus the adapter:
     trainable adapter weights for `train`, else merged into the base for sampling at full speed."""
-    model = load_weights(path, dtype, train)
+    model = load_weights(path, dtype, train, merge_rounding=merge_rounding)
     tokenizer = folder_tokenizer(path)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if device is not None:

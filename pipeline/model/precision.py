@@ -117,6 +117,17 @@ def frozen_in_compute_dtype(model) -> int:
     return n
 
 
+def stochastic_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`x` rounded to bf16 stochastically: to the neighbour above its magnitude with probability equal to how far
+    along the spacing it lies, else to the one below, so that the rounded value equals `x` in expectation. A value
+    bf16 holds exactly comes back unchanged. (fp32 keeps bf16's sign and exponent bits and 16 more mantissa bits:
+    adding a uniform 16-bit integer to the fp32 pattern carries into bf16's last bit with that probability, and
+    the 16 low bits are then dropped.)"""
+    bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, generator=generator, dtype=torch.int32, device="cpu")
+    return ((bits + noise.to(bits.device)) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
 def compute_dtype(model) -> torch.dtype | None:
     return getattr(model, ATTR, None)
 

@@ -137,3 +137,75 @@ def test_a_lora_base_stored_in_bf16_trains_the_adapters_exactly_as_autocast_did(
     # an fp32 model is left as it is
     fp32, _ = load_trainable(folder, PolicyConfig(dtype="float32", lora=LoraSettings(r=4, alpha=8)), "cpu", seed=0)
     assert frozen_in_compute_dtype(fp32) == 0 and {w.dtype for w in fp32.parameters()} == {torch.float32}
+
+
+def test_stochastic_rounding_to_bf16_is_unbiased_and_leaves_what_bf16_holds():
+    from pipeline.model.precision import stochastic_bf16
+
+    g = torch.Generator().manual_seed(0)
+    # at 1.0 bf16's spacing is 2^-7: 1 + 2^-9 lies a quarter of the way from 1 to 1 + 2^-7, which nearest rounding
+    # drops; stochastic rounding goes up a quarter of the time (40,000 draws: a standard error of 0.0022)
+    x = torch.full((40000,), 1 + 2.0 ** -9)
+    assert torch.equal(x.to(torch.bfloat16).float(), torch.ones(40000))
+    up = stochastic_bf16(x, g).float()
+    assert set(up.unique().tolist()) == {1.0, 1 + 2.0 ** -7}
+    assert float((up > 1).float().mean()) == pytest.approx(0.25, abs=0.01)
+    down = stochastic_bf16(-x, g).float()          # a negative value: its magnitude rounds the same way
+    assert set(down.unique().tolist()) == {-1.0, -1 - 2.0 ** -7}
+    assert float((down < -1).float().mean()) == pytest.approx(0.25, abs=0.01)
+    exact = torch.tensor([1.0, -3.5, 0.0, 2.0 ** -20, 1 + 2.0 ** -7, -(2.0 ** 100)])
+    assert torch.equal(stochastic_bf16(exact, g).float(), exact)
+
+
+def _quarter_spacing_adapter(folder, out):
+    """A LoRA checkpoint on `folder` whose only update is q_proj's: every entry + 2^-9 on a base weight of 1.0,
+    a quarter of bf16's spacing there (the base is saved beside it with q_proj set to 1.0)."""
+    from pipeline.data.section import LoraSettings
+    from pipeline.model.policy import load_policy, save_policy, with_lora
+
+    model, tok = load_policy(folder)
+    torch.nn.init.ones_(model.model.layers[0].self_attn.q_proj.weight)
+    save_policy(model, tok, out / "base")
+    model = with_lora(model, LoraSettings(r=4, alpha=4), seed=0)        # alpha / r = 1
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    torch.nn.init.constant_(q.lora_A["default"].weight, 2.0 ** -5)
+    torch.nn.init.constant_(q.lora_B["default"].weight, 2.0 ** -6)      # dW = 4 x 2^-5 x 2^-6 = 2^-9
+    save_policy(model, tok, out / "adapter", base=out / "base")
+    return out / "adapter"
+
+
+def test_a_stochastic_merge_keeps_in_expectation_the_update_a_nearest_merge_drops(folder, tmp_path):
+    """`policy.merge_rounding`: merged in bf16, an update of a quarter spacing is lost on every weight; merged in
+    fp32 and rounded stochastically, a quarter of the weights move up a whole spacing, so the mean update is kept;
+    the same checkpoint merges to the same weights every time, and weights without an adapter are the nearest
+    merge's."""
+    from pipeline.model.policy import load_policy
+
+    adapter = _quarter_spacing_adapter(folder, tmp_path)
+    nearest, _ = load_policy(adapter, "bfloat16")
+    st, _ = load_policy(adapter, "bfloat16", merge_rounding="stochastic")
+    again, _ = load_policy(adapter, "bfloat16", merge_rounding="stochastic")
+    qn = nearest.model.layers[0].self_attn.q_proj.weight
+    qs = st.model.layers[0].self_attn.q_proj.weight
+    assert qn.dtype == qs.dtype == torch.bfloat16
+    assert torch.equal(qn.float(), torch.ones(32, 32))                  # the whole update rounded away
+    assert set(qs.float().unique().tolist()) == {1.0, 1 + 2.0 ** -7}
+    # 1,024 weights, each up with probability 1/4: the mean update 2^-9 within 4 standard errors (0.0135 x 2^-7)
+    assert float(qs.float().mean() - 1) == pytest.approx(2.0 ** -9, abs=4 * (0.1875 / 1024) ** 0.5 * 2.0 ** -7)
+    assert all(torch.equal(a, b) for a, b in zip(st.parameters(), again.parameters()))
+    rest = [(n, w) for n, w in st.named_parameters() if "q_proj" not in n]
+    plain = dict(nearest.named_parameters())
+    assert rest and all(w.dtype == torch.bfloat16 and torch.equal(w, plain[n]) for n, w in rest)
+    # what vLLM loads (`rollout.vllm.lora: merged`) is the same merge, saved as a plain bf16 folder
+    import shutil
+
+    from pipeline.model.engines import merged_copy
+    copy_dir = merged_copy(adapter, "bfloat16", "stochastic")
+    try:
+        served, _ = load_policy(copy_dir, "bfloat16")
+        assert all(torch.equal(a, b) for a, b in zip(served.parameters(), st.parameters()))
+    finally:
+        shutil.rmtree(copy_dir)
+    # an fp32 policy has nothing to round: the setting changes nothing
+    f32, _ = load_policy(adapter, "float32", merge_rounding="stochastic")
+    assert float(f32.model.layers[0].self_attn.q_proj.weight.mean() - 1) == pytest.approx(2.0 ** -9, rel=1e-4)
