@@ -207,3 +207,20 @@ def test_arpo_branching_runs_on_the_python_env_unchanged(monkeypatch):
         assert child["shared"].to_list() == [True, False] and child["action"][0] == parent["action"][0]
         assert child["observation"][1] == parent["observation"][1] and child["observation"][1].startswith("<result>")
         assert child["action"][1] in ("<answer>41</answer>", "<answer>42</answer>")
+
+
+def test_the_tiny_tokenizer_keeps_each_digit_a_token_so_a_result_is_copied_digit_by_digit():
+    """The tiny policy copies a <result> into its answer only where each digit is a token of its own: a result and
+    the answer that repeats it tokenize to the same digit tokens, whatever numbers the corpus merged."""
+    from pipeline.config.params import Params, TinyModelConfig
+    from pipeline.envs.base import spec_of
+    from pipeline.model.policy import train_tokenizer
+    from pipeline.rollout.warmstart import tokenizer_corpus
+
+    p = Params(env={"name": "python"}, policy={"tiny": TinyModelConfig(tokenizer_corpus_episodes=20)})
+    tok = train_tokenizer(tokenizer_corpus(p, 0), 600, spec_of(p.env).isolate)
+    result = tok.tokenize("<result>467169.792</result>")
+    answer = tok.tokenize("<answer>467169.792</answer>")
+    digits = [t for t in result if t.isdigit()]
+    assert digits == list("467169792")
+    assert digits == [t for t in answer if t.isdigit()]

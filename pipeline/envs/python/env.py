@@ -302,6 +302,8 @@ def lacks(cfg: PythonConfig, capability: str) -> str | None:
             "have none), so env python has no expert and no oracle")
 
 
-SPEC = register(EnvSpec("python", PythonConfig, make, requires=(),
+# The tiny tokenizer keeps every digit a token of its own: copying a <result> into the answer is then one lookup a
+# digit, which the tiny policy learns in RL (docs/results/python.md); with merged digit runs it never did.
+SPEC = register(EnvSpec("python", PythonConfig, make, requires=(), isolate=r"[0-9]",
                         tool_call=lambda action: action.startswith("<python>"), lacks=lacks,
                         held_out=lambda cfg: len(_problems(_root(cfg.data_path))[1])))
