@@ -28,6 +28,9 @@ from pipeline.workflow.records import SNAKEMAKE_STAMP
 from pipeline.workflow.registry import enabled_stages, named_inputs, params_fingerprint, resolve, stage_iterations
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
+# the optimiser state (OPTIMIZER_DIR/<name>.pt) a job of the next iteration resumes from, by stage: the update's
+# (stages/update.py, OPTIMIZER) and a learned step-reward model's fit (pipeline/credit/reward_model.py, OPTIMIZER)
+RESUMED_STATE = {"update": "policy", "fit": "reward_model"}
 
 
 def workflow_dir(params_file: str | Path) -> Path:
@@ -137,8 +140,53 @@ def share_base(params: Params, log=print) -> list[str]:
         raise ValueError(f"run.base.params {params.run.base.params}: its run.dir {base.run.dir!r} is this run's own; "
                          "give this run another run.dir")
     _same_precision(params, base, root)
+    # an update (or fit) reused without its optimiser state (`runtime.keep_optimizer: last` deleted it in the base)
+    # cannot be resumed from: where this run makes the next one itself, the job runs here too, and so on back
+    stateless: set = set()
+    while True:
+        plan, missing = _reuse_plan(params, base, root, stateless)
+        reused = {(stage.name, it) for stage, it, *_ in plan}
+        more = {(stage.name, it) for stage, it, *_ in plan
+                if stage.name in RESUMED_STATE and _state_lost(base, root, stage.name, it)
+                and it + 1 in stage_iterations(stage, params) and (stage.name, it + 1) not in reused}
+        if not more:
+            break
+        stateless |= more
+    if stateless:
+        log(f"run.base: {base.run.dir} kept no optimiser state of {', '.join(f'{n}@{i}' for n, i in sorted(stateless))}"
+            " (runtime.keep_optimizer: last), which the next iteration resumes from: it runs here")
+    files = 0
+    for stage, it, _, base_paths, own_outs in plan:
+        for src, dst in zip(base_paths, own_outs, strict=True):
+            files += _link(src, Path(dst))
+        if stage.name in ("update", "fit") and it is not None:      # the state the next job resumes from
+            state = root / fill(at(base, OPTIMIZER_DIR), it)
+            if state.is_dir():
+                files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
+    names = [name for _, _, name, _, _ in plan]
+    if names:
+        log(f"run.base: reusing {len(names)} jobs of {base.run.dir} ({', '.join(names)}), {files} files linked "
+            f"into {params.run.dir}")
+    if missing:
+        log(f"run.base: {base.run.dir} lacks the outputs of {', '.join(missing)}; they and what follows run here")
+    return names
+
+
+def _state_lost(base: Params, root: Path, stage: str, it: int) -> bool:
+    """Whether the base ran `stage` of iteration `it` with an optimiser state and no longer has it: it has none of
+    that iteration and one of another (a fit that learns nothing, IGPO's, keeps none anywhere)."""
+    def state(i: int) -> Path:
+        return root / fill(at(base, OPTIMIZER_DIR), i) / f"{RESUMED_STATE[stage]}.pt"
+
+    return not state(it).is_file() and any(state(i).is_file() for i in range(1, base.loop.iterations + 1))
+
+
+def _reuse_plan(params: Params, base: Params, root: Path, exclude: set) -> tuple[list, list[str]]:
+    """The base's jobs this run can reuse, in order, as (stage, iteration, name, the base's outputs, this run's),
+    leaving out the (stage name, iteration) pairs of `exclude` and every job that depends on one not reused; and
+    the names of the jobs the base should have made but lacks."""
     base_outs = {(s.name, it) for s, it in ordered_jobs(base, params.run.base.through)}
-    names, missing, files = [], [], 0
+    plan, missing = [], []
     made: set[str] = set()      # this run's paths the reused jobs provide
     for stage, it in ordered_jobs(params, params.run.base.through):
         deps = job_paths(stage, params, it, stage.deps_templates(params))
@@ -146,7 +194,8 @@ def share_base(params: Params, log=print) -> list[str]:
         own_outs = job_paths(stage, params, it, stage.outs_for(params))
         name = f"{stage.name}@{it}" if it is not None else stage.name
         # the same inputs too: one step off-policy, rollout i reads another checkpoint than the base's did
-        if ((stage.name, it) not in base_outs or params_fingerprint(stage, params) != params_fingerprint(stage, base)
+        if ((stage.name, it) not in base_outs or (stage.name, it) in exclude
+                or params_fingerprint(stage, params) != params_fingerprint(stage, base)
                 or _inputs(stage, params, it) != _inputs(stage, base, it)
                 or any(d not in made for d in deps if d not in external)):
             continue
@@ -154,18 +203,7 @@ def share_base(params: Params, log=print) -> list[str]:
         if not all(p.exists() for p in base_paths):
             missing.append(name)
             continue
-        for src, dst in zip(base_paths, own_outs, strict=True):
-            files += _link(src, Path(dst))
-        if stage.name in ("update", "fit") and it is not None:      # the state the next job resumes from
-            state = root / fill(at(base, OPTIMIZER_DIR), it)
-            if state.is_dir():
-                files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
         made.update(own_outs)
-        names.append(name)
-    if names:
-        log(f"run.base: reusing {len(names)} jobs of {base.run.dir} ({', '.join(names)}), {files} files linked "
-            f"into {params.run.dir}")
-    if missing:
-        log(f"run.base: {base.run.dir} lacks the outputs of {', '.join(missing)}; they and what follows run here")
-    return names
+        plan.append((stage, it, name, base_paths, own_outs))
+    return plan, missing
 

@@ -98,3 +98,23 @@ def test_a_run_continued_from_a_finished_one_plans_only_its_new_iteration(grpo_r
     assert planned_jobs(tmp_path) == new
     assert planned_jobs(tmp_path) == new        # linking again on the next call leaves the dates as they were
     assert (tmp_path / "results/iter_2/checkpoint").is_dir()
+
+
+def test_a_reused_update_whose_optimiser_state_the_base_deleted_runs_here(grpo_run, tmp_path):
+    """The finished two-iteration run keeps only iteration 2's optimiser state (`runtime.keep_optimizer: last`), so a
+    run of the same params that reuses it through iteration 1 cannot resume update 2 from a reused update 1: update
+    1 runs here (it started from no state) and what follows it; its rollout, groups and advantages are reused."""
+    from pipeline.workflow.runs import RESUMED_STATE
+    from stages import update
+
+    assert RESUMED_STATE["update"] == update.OPTIMIZER
+    assert not (grpo_run / "results/iter_1/optimizer/policy.pt").exists()
+    assert (grpo_run / "results/iter_2/optimizer/policy.pt").is_file()
+    workflow_files(tmp_path)
+    params = yaml.safe_load((grpo_run / "params.yaml").read_text())
+    params["run"] = {"dir": "results", "base": {"params": str(grpo_run / "params.yaml"), "through": 1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert planned_jobs(tmp_path) == {"update@1", "evaluate@1", "rollout@2", "group@2", "advantages@2", "update@2",
+                                      "evaluate@2", "report"}
+    assert (tmp_path / "results/iter_1/advantages.parquet").is_symlink()
+    assert not (tmp_path / "results/iter_1/checkpoint").exists()
