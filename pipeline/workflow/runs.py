@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from pipeline.config.params import Params, load_params, resolved_yaml
+from pipeline.credit import reward_model
 from pipeline.data.paths import INITIAL_CHECKPOINT, ITER_DIR, at, fill, strip_dir
 from pipeline.data.tables import write_text_atomic
 from pipeline.workflow.records import SNAKEMAKE_STAMP
@@ -29,8 +30,8 @@ from pipeline.workflow.registry import enabled_stages, named_inputs, params_fing
 
 OPTIMIZER_DIR = ITER_DIR + "/optimizer"
 # the optimiser state (OPTIMIZER_DIR/<name>.pt) a job of the next iteration resumes from, by stage: the update's
-# (stages/update.py, OPTIMIZER) and a learned step-reward model's fit (pipeline/credit/reward_model.py, OPTIMIZER)
-RESUMED_STATE = {"update": "policy", "fit": "reward_model"}
+# (stages/update.py, OPTIMIZER) and a learned step-reward model's fit
+RESUMED_STATE = {"update": "policy", "fit": reward_model.OPTIMIZER}
 
 
 def workflow_dir(params_file: str | Path) -> Path:
@@ -159,7 +160,7 @@ def share_base(params: Params, log=print) -> list[str]:
     for stage, it, _, base_paths, own_outs in plan:
         for src, dst in zip(base_paths, own_outs, strict=True):
             files += _link(src, Path(dst))
-        if stage.name in ("update", "fit") and it is not None:      # the state the next job resumes from
+        if stage.name in RESUMED_STATE and it is not None:      # the state the next job resumes from
             state = root / fill(at(base, OPTIMIZER_DIR), it)
             if state.is_dir():
                 files += _link(state, Path(fill(at(params, OPTIMIZER_DIR), it)))
