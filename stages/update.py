@@ -16,7 +16,8 @@ Its phases, as a torchtune recipe's, one function each:
 3. `train`: `pipeline.model.ppo.ppo_update` on the turns (`Turns`, the batch type stage and library share).
 4. `save`: the checkpoint, the optimiser state, the metrics.
 
-The policy trains with fp32 master weights whose forward passes run in `policy.dtype` (`pipeline.model.precision`).
+The policy trains with fp32 master weights whose forward passes run in `policy.dtype`, or `update.dtype` where it
+names another (`pipeline.model.precision`).
 A non-finite loss or advantage stops the stage before anything is written.
 
 With `runtime.update_processes: N` the workflow starts the stage under torchrun (`pipeline.model.distributed`):
@@ -39,7 +40,7 @@ from pipeline.data.seeds import stage_seed
 from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
 from pipeline.model.dpo import step_dpo_update
-from pipeline.model.policy import load_policy, load_trainable, save_policy
+from pipeline.model.policy import load_policy, load_trainable, save_policy, trainer_policy
 from pipeline.model.ppo import Placement, Turns, UpdateResult, ppo_update, sequence_logprobs, shared_logprobs
 from pipeline.rollout.branching import attribute
 from pipeline.workflow.cli import parse_args, stage_job
@@ -87,8 +88,10 @@ def setup(ctx, procs: Processes) -> Setup:
     turns = read_turns(ctx)
     seed = stage_seed("update", p.seed, it)
     sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
-    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), trainer_policy(p), procs.device, seed,
                                       p.update.gradient_checkpointing, frozen_low_precision=not sharded)
+    if p.update.dtype != "policy" and p.update.dtype != p.policy.dtype:
+        ctx.log(f"training in {p.update.dtype} (update.dtype) a policy sampled in {p.policy.dtype}")
     optimizer = _optimizer_of(p)(model.parameters())
     adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
     return Setup(turns, model, tokenizer, optimizer, seed, sharded)
@@ -147,7 +150,7 @@ def preference_update(ctx, procs: Processes, tracker) -> None:
     p, it = ctx.params, ctx.iteration
     pairs = read_pairs(ctx)
     seed = stage_seed("update", p.seed, it)
-    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), p.policy, procs.device, seed,
+    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), trainer_policy(p), procs.device, seed,
                                       p.update.gradient_checkpointing)
     prompts, responses, triples = pairs.prompts, pairs.responses, pairs.triples
     cfg, u = p.update.step_dpo, p.update
@@ -280,7 +283,7 @@ def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Proce
     """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature
     (or `temperature`)."""
     p = ctx.params
-    model, _ = load_policy(checkpoint, p.policy.dtype, procs.device, train=True)
+    model, _ = load_policy(checkpoint, trainer_policy(p).dtype, procs.device, train=True)
     ctx.log(f"log-probs of {len(turns.prompts)} turns under {checkpoint}")
     t = p.rollout.temperature if temperature is None else temperature
     return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size, t, procs,
@@ -303,7 +306,7 @@ def save(ctx, model, tokenizer, optimizer, stats: dict[str, float], step_losses:
 
 
 def _load(ctx, device, seed: int):
-    return load_trainable(ctx.path(paths.PREV_CHECKPOINT), ctx.params.policy, device, seed,
+    return load_trainable(ctx.path(paths.PREV_CHECKPOINT), trainer_policy(ctx.params), device, seed,
                           frozen_low_precision=False)[0]
 
 

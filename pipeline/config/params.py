@@ -305,6 +305,11 @@ class UpdateConfig(MicroBatching):
         "rollout engine's own log-probs of the sampled tokens stand in for them, one forward pass over the turns "
         "fewer, sound only where the engine computes what the trainer does (fp32; docs/models.md, Precision); auto: "
         "engine where the run computes in float32, recompute otherwise")
+    dtype: Literal["policy", "float32", "bfloat16", "float16"] = Field(
+        "policy", description="the dtype the update's forward and backward passes (and its recomputed log-probs) run "
+        "in: policy follows policy.dtype (as the run resolved it); float32 trains in full precision a policy that "
+        "rollout and evaluation sample in bf16 (docs/models.md, Precision). Master weights and the optimiser state "
+        "are fp32 either way")
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 
@@ -444,10 +449,10 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _fsdp_without_fp16(self):
-        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 \
-                and self.policy.dtype == "float16":
+        trains_in = self.policy.dtype if self.update.dtype == "policy" else self.update.dtype
+        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 and trains_in == "float16":
             raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
-                             "policy.dtype bfloat16 (or float32)")
+                             "policy.dtype (or update.dtype) bfloat16 or float32")
         return self
 
     @model_validator(mode="after")

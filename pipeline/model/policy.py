@@ -104,6 +104,14 @@ def resolve_params(params, fresh: bool = False):
     return params.model_copy(update={"policy": params.policy.model_copy(update={"dtype": dtype})}), why
 
 
+def trainer_policy(params):
+    """The `policy` section the update trains under: `params.policy` (its dtype resolved, `resolve_params`), with
+    `update.dtype` in place of `policy.dtype` where it names one."""
+    if params.update.dtype == "policy":
+        return params.policy
+    return params.policy.model_copy(update={"dtype": params.update.dtype})
+
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 

@@ -67,7 +67,7 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     ({"credit": {"gae": {"micro_batch_tokens": 4096}}}, "key 'credit.gae': micro_batch_tokens 4096 sizes prefix "
      "trees: set packing: tree, or size padded batches with batch_size"),
     ({"runtime": {"update_sharding": "fsdp", "update_processes": 2}, "policy": {"dtype": "float16"}},
-     "runtime.update_sharding: fsdp does not scale fp16 losses across shards; use policy.dtype bfloat16"),
+     "runtime.update_sharding: fsdp does not scale fp16 losses across shards; use policy.dtype (or update.dtype) bfloat16"),
 ])
 def test_bad_params_name_the_key(tmp_path, data, fragment):
     path = write(tmp_path, data)

@@ -209,3 +209,46 @@ def test_a_stochastic_merge_keeps_in_expectation_the_update_a_nearest_merge_drop
     # an fp32 policy has nothing to round: the setting changes nothing
     f32, _ = load_policy(adapter, "float32", merge_rounding="stochastic")
     assert float(f32.model.layers[0].self_attn.q_proj.weight.mean() - 1) == pytest.approx(2.0 ** -9, rel=1e-4)
+
+
+def test_update_dtype_float32_trains_a_bf16_sampled_policy_exactly_as_an_fp32_run_does(folder):
+    """`update.dtype: float32` under `policy.dtype: bfloat16`: the update loads the policy as an fp32 run's does (no
+    autocast, the LoRA base left in fp32), so one PPO step moves the adapters bit for bit as the fp32 run's step,
+    and not as the bf16 update's (which differ by more than 1e-4 here)."""
+    from pipeline.config.params import Params
+    from pipeline.model.policy import load_trainable, trainer_policy
+
+    def adapters_after_one_step(dtype: str, update_dtype: str = "policy"):
+        p = Params.model_validate({"policy": {"dtype": dtype, "lora": {"r": 4, "alpha": 8}},
+                                   "update": {"dtype": update_dtype}})
+        model, _ = load_trainable(folder, trainer_policy(p), "cpu", seed=0)
+        for name, w in model.named_parameters():
+            if "lora_B" in name:
+                torch.manual_seed(1)
+                torch.nn.init.normal_(w, std=0.5)
+        dtypes = {w.dtype for w in model.parameters()}
+        prompts, responses, adv = batch()
+        old = sequence_logprobs(model, prompts, responses, PAD, 8)
+        opt = torch.optim.AdamW([w for w in model.parameters() if w.requires_grad], lr=1e-2)
+        ppo_update(model, opt, Turns(prompts, responses, adv, old), UpdateConfig(lr=1e-2, epochs=1, minibatch_size=8),
+                   PAD, seed=0)
+        return {n: w.detach().clone() for n, w in model.named_parameters() if w.requires_grad}, dtypes, \
+            compute_dtype(model)
+
+    fp32, fp32_dtypes, _ = adapters_after_one_step("float32")
+    mixed, mixed_dtypes, mixed_compute = adapters_after_one_step("bfloat16", "float32")
+    bf16, bf16_dtypes, bf16_compute = adapters_after_one_step("bfloat16")
+    assert mixed_compute == torch.float32 and bf16_compute == torch.bfloat16
+    assert mixed_dtypes == fp32_dtypes == {torch.float32} and torch.bfloat16 in bf16_dtypes
+    assert fp32.keys() == mixed.keys() == bf16.keys() and len(fp32) == 14
+    assert all(torch.equal(fp32[n], mixed[n]) for n in fp32)
+    assert max(float((fp32[n] - bf16[n]).abs().max()) for n in fp32) > 1e-4
+
+
+def test_update_dtype_float16_under_fsdp_is_refused_as_policy_dtype_float16_is():
+    from pipeline.config.params import Params
+
+    runtime = {"update_processes": 2, "update_sharding": "fsdp"}
+    with pytest.raises(ValueError, match="fsdp does not scale fp16"):
+        Params.model_validate({"policy": {"dtype": "bfloat16"}, "update": {"dtype": "float16"}, "runtime": runtime})
+    Params.model_validate({"policy": {"dtype": "float16"}, "update": {"dtype": "float32"}, "runtime": runtime})
