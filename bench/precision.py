@@ -298,8 +298,10 @@ def noninferiority(per_task: list[np.ndarray], margin: float = 5.0) -> dict:
             "upper_95_one_sided": high, "margin": margin, "covers": covers, "not_worse": shown}
 
 
-def learning_check(runs: list[Path], first: int, margin: float, out: Path) -> dict:
-    """The non-inferiority check of `--learning` over (bf16, fp32) pairs of results folders."""
+def learning_check(runs: list[Path], first: int, margin: float, out: Path,
+                   names: tuple[str, str] = ("bf16", "fp32")) -> dict:
+    """The non-inferiority check of `--learning` over (bf16, fp32) pairs of results folders; `names` label the two
+    arms in what it prints (two variants of a bf16 run, say)."""
     if len(runs) % 2:
         raise SystemExit(f"--learning: {len(runs)} folders; give a bf16 and an fp32 run for each seed")
     rows, per_task = [], []
@@ -328,10 +330,11 @@ def learning_check(runs: list[Path], first: int, margin: float, out: Path) -> di
         [{**r, **cpu} for r in rows] + [{"bf16": "mean over seeds", "diff_points": result["mean"],
                                            "lower_95_one_sided": result["lower_95_one_sided"], **cpu}],
         infer_schema_length=None).write_csv())
-    verdict = (f"bf16 is not worse than fp32 by {margin:g} points or more" if result["not_worse"] else
-               f"not shown: bf16 may be worse than fp32 by {margin:g} points or more")
+    a_name, b_name = names
+    verdict = (f"{a_name} is not worse than {b_name} by {margin:g} points or more" if result["not_worse"] else
+               f"not shown: {a_name} may be worse than {b_name} by {margin:g} points or more")
     seeds = ", ".join(f"{r['diff_points']:+.1f}" for r in rows)
-    print(f"bf16 − fp32, held-out success over iterations {first}-: {result['mean']:+.1f} points over "
+    print(f"{a_name} − {b_name}, held-out success over iterations {first} on: {result['mean']:+.1f} points over "
           f"{result['seeds']} seeds (per seed {seeds}); one-sided 95 % lower bound "
           f"{result['lower_95_one_sided']:+.1f} ({result['covers']}): {verdict}")
     return result
@@ -361,9 +364,11 @@ def main(argv=None) -> None:
                     help="bf16 and fp32 results folders of each seed, alternating: the non-inferiority check")
     ap.add_argument("--from-iteration", type=int, default=1)
     ap.add_argument("--margin", type=float, default=5.0, help="--learning: points")
+    ap.add_argument("--names", nargs=2, default=["bf16", "fp32"], metavar=("FIRST", "SECOND"),
+                    help="--learning: what the first and the second run of each pair are, for the verdict's words")
     a = ap.parse_args(argv)
     if a.learning:
-        learning_check(a.learning, a.from_iteration, a.margin, a.out)
+        learning_check(a.learning, a.from_iteration, a.margin, a.out, tuple(a.names))
         if not (a.profile or a.jobs):
             return
     if a.params is None or a.run is None:

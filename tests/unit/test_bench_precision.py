@@ -72,12 +72,12 @@ def test_the_learning_check_pairs_runs_by_seed_over_later_iterations(tmp_path, m
     # seed 0: bf16 (1.0, 0.75) against fp32 (0.75, 0.5) by task -> +25, +25; seed 1: (0.5, 0.5) - (0.5, 0.25) -> 0, +25
     table = pl.read_csv(tmp_path / "precision_learning.csv")
     assert table["diff_points"].to_list()[:2] == [25.0, 12.5] and r["mean"] == pytest.approx(18.75)
-    assert "bf16 − fp32, held-out success over iterations 1-: +18.8 points over 2 seeds" in capsys.readouterr().out
+    assert "bf16 − fp32, held-out success over iterations 1 on: +18.8 points over 2 seeds" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give a bf16 and an fp32 run for each seed"):
         precision.learning_check([tmp_path / "bf_0"], 1, 5.0, tmp_path)
 
 
-def test_the_learning_check_reads_committed_per_task_tables(tmp_path):
+def test_the_learning_check_reads_committed_per_task_tables(tmp_path, capsys):
     import polars as pl
 
     from bench.precision import learning_check
@@ -86,5 +86,8 @@ def test_the_learning_check_reads_committed_per_task_tables(tmp_path):
         pl.DataFrame({"iteration": [0, 0, 1, 1], "task_id": [3, 4, 3, 4], "success": rates}).write_csv(tmp_path / name)
     r = learning_check([tmp_path / "bf.csv", tmp_path / "fp.csv"], 1, 5.0, tmp_path)
     assert r["mean"] == pytest.approx(25.0)          # iteration 1 only: (1.0 - 0.5 + 0.5 - 0.5) / 2 in points
+    learning_check([tmp_path / "bf.csv", tmp_path / "fp.csv"], 1, 5.0, tmp_path, names=("fp32 update", "bf16 update"))
+    assert "fp32 update − bf16 update, held-out success over iterations 1 on: +25.0 points over 1 seeds" \
+        in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no evaluation at iteration 2 or later"):
         learning_check([tmp_path / "bf.csv", tmp_path / "fp.csv"], 2, 5.0, tmp_path)
