@@ -220,10 +220,12 @@ def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> t
 def engine_logprobs(ctx, turns: Turns) -> list | None:
     """With `update.old_logprobs: engine`, the rollout engine's log-probs of the sampled tokens (at the sampling
     temperature), which then stand in for the sampling checkpoint's; else None."""
-    choice = ctx.params.update.old_logprobs
+    p = ctx.params
+    choice = p.update.old_logprobs
     if choice == "auto":
-        choice = "engine" if ctx.params.policy.dtype == "float32" else "recompute"
-        ctx.log(f"update.old_logprobs auto: {choice} (the run computes in {ctx.params.policy.dtype})")
+        trains_in = trainer_policy(p).dtype
+        choice = "engine" if p.policy.dtype == trains_in == "float32" else "recompute"
+        ctx.log(f"update.old_logprobs auto: {choice} (the run samples in {p.policy.dtype}, trains in {trains_in})")
     if choice != "engine":
         return None
     ctx.log(f"the rollout engine's log-probs stand in for the sampling checkpoint's ({len(turns.prompts)} turns, "

@@ -304,7 +304,7 @@ class UpdateConfig(MicroBatching):
         "by the trainer (log pi_old, or one step off-policy the behaviour policy's), as verl does; engine: the "
         "rollout engine's own log-probs of the sampled tokens stand in for them, one forward pass over the turns "
         "fewer, sound only where the engine computes what the trainer does (fp32; docs/models.md, Precision); auto: "
-        "engine where the run computes in float32, recompute otherwise")
+        "engine where the run samples and trains in float32 (policy.dtype and update.dtype), recompute otherwise")
     dtype: Literal["policy", "float32", "bfloat16", "float16"] = Field(
         "policy", description="the dtype the update's forward and backward passes (and its recomputed log-probs) run "
         "in: policy follows policy.dtype (as the run resolved it); float32 trains in full precision a policy that "

@@ -124,11 +124,15 @@ def test_run_base_computed_in_another_dtype_is_refused(tmp_path, monkeypatch):
         precision.read_record(ckpt)
 
 
-@pytest.mark.parametrize("dtype, uses_engine", [("float32", True), ("bfloat16", False)])
-def test_old_logprobs_auto_takes_the_engines_only_in_fp32(dtype, uses_engine):
+@pytest.mark.parametrize("dtype, update_dtype, uses_engine", [
+    ("float32", "policy", True), ("bfloat16", "policy", False),
+    ("float32", "bfloat16", False),     # an fp32 sampler, a bf16 trainer: they compute different log-probs
+    ("bfloat16", "float32", False),
+    ("float32", "float32", True)])
+def test_old_logprobs_auto_takes_the_engines_only_in_fp32(dtype, update_dtype, uses_engine):
     from stages.update import engine_logprobs
 
-    p = Params(policy={"dtype": dtype}, update={"old_logprobs": "auto"})
+    p = Params(policy={"dtype": dtype}, update={"old_logprobs": "auto", "dtype": update_dtype})
     ctx = types.SimpleNamespace(params=p, log=lambda _: None)
     turns = types.SimpleNamespace(prompts=[[1]], engine_logprobs=[[-0.5, -1.25]])
     got = engine_logprobs(ctx, turns)
