@@ -88,10 +88,11 @@ def setup(ctx, procs: Processes) -> Setup:
     turns = read_turns(ctx)
     seed = stage_seed("update", p.seed, it)
     sharded = procs.world > 1 and p.runtime.update_sharding == "fsdp"
-    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), trainer_policy(p), procs.device, seed,
+    policy = trainer_policy(p)
+    model, tokenizer = load_trainable(ctx.path(paths.PREV_CHECKPOINT), policy, procs.device, seed,
                                       p.update.gradient_checkpointing, frozen_low_precision=not sharded)
-    if p.update.dtype != "policy" and p.update.dtype != p.policy.dtype:
-        ctx.log(f"training in {p.update.dtype} (update.dtype) a policy sampled in {p.policy.dtype}")
+    if policy.dtype != p.policy.dtype:
+        ctx.log(f"training in {policy.dtype} (update.dtype) a policy sampled in {p.policy.dtype}")
     optimizer = _optimizer_of(p)(model.parameters())
     adamw.restore(optimizer, ctx.path(paths.ITER_DIR, it - 1), OPTIMIZER, required=it > 1)
     return Setup(turns, model, tokenizer, optimizer, seed, sharded)

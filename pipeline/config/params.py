@@ -313,6 +313,10 @@ class UpdateConfig(MicroBatching):
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
 
+    def trains_in(self, policy_dtype: str) -> str:
+        """The dtype the update computes in under a policy of `policy_dtype`: `dtype`, or that one for `policy`."""
+        return policy_dtype if self.dtype == "policy" else self.dtype
+
 
 class EvaluateConfig(Section):
     tasks: int = Field(128, ge=1, lt=GROUPS_PER_ITERATION, description="held-out tasks")
@@ -449,8 +453,8 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _fsdp_without_fp16(self):
-        trains_in = self.policy.dtype if self.update.dtype == "policy" else self.update.dtype
-        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 and trains_in == "float16":
+        if self.runtime.update_sharding == "fsdp" and self.runtime.update_processes > 1 \
+                and self.update.trains_in(self.policy.dtype) == "float16":
             raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
                              "policy.dtype (or update.dtype) bfloat16 or float32")
         return self

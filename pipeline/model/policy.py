@@ -107,9 +107,8 @@ def resolve_params(params, fresh: bool = False):
 def trainer_policy(params):
     """The `policy` section the update trains under: `params.policy` (its dtype resolved, `resolve_params`), with
     `update.dtype` in place of `policy.dtype` where it names one."""
-    if params.update.dtype == "policy":
-        return params.policy
-    return params.policy.model_copy(update={"dtype": params.update.dtype})
+    dtype = params.update.trains_in(params.policy.dtype)
+    return params.policy if dtype == params.policy.dtype else params.policy.model_copy(update={"dtype": dtype})
 
 
 ADAPTER_CONFIG = "adapter_config.json"
