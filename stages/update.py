@@ -12,7 +12,8 @@ Its phases, as a torchtune recipe's, one function each:
    > 0. One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
    `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the
    behaviour policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the
-   decoupled loss.
+   decoupled loss. With `update.engine_correction: tis` the behaviour policy is the engine as it sampled (its own
+   log-probs): each token weighs `min(π_old / π_engine, cap)` at lag 0 too (truncated importance sampling).
 3. `train`: `pipeline.model.ppo.ppo_update` on the turns (`Turns`, the batch type stage and library share).
 4. `save`: the checkpoint, the optimiser state, the metrics.
 
@@ -198,24 +199,37 @@ def read_turns(ctx) -> Turns:
 
 
 def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> tuple[Turns, dict[str, float]]:
-    """The turns with the log-probs the loss needs besides the new ones: log pi_old, one step off-policy the
-    behaviour weights, the KL reference's; and what they report (the engine's mismatch, the off-policy
-    statistics). No turn (all left out by `update.skip_zero_advantage`): nothing to compute."""
+    """The turns with the log-probs the loss needs besides the new ones: log pi_old, the importance weights
+    (one step off-policy, or `update.engine_correction: tis`), the KL reference's; and what they report (the
+    engine's mismatch, the weights' statistics). No turn (all left out by `update.skip_zero_advantage`): nothing to
+    compute."""
     if not turns.prompts:
         return replace(turns, old_logps=[]), {}
+    u = ctx.params.update
     sampled = engine_logprobs(ctx, turns)
+    tis = u.engine_correction == "tis" and sampled is None
+    if u.engine_correction == "tis" and not tis:
+        ctx.log("update.engine_correction tis: the engine's log-probs are log pi_old here, so every weight is 1")
     on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
+    engine = [torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs] if tis else None
+    mismatch = {}
     if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
         old = sampled if sampled is not None else old_logprobs(ctx, model, pad_id, turns, procs)
-        behaviour = None
+        behaviour, cap, name = engine, u.engine_weight_cap, "engine"
+        if sampled is None:
+            mismatch = engine_mismatch(turns, old)
     else:              # one step off-policy: they are the behaviour policy's
         old = old_logprobs(ctx, model, pad_id, turns, procs)
-        behaviour = sampled if sampled is not None else behaviour_logprobs(ctx, pad_id, turns, procs)
-    weights, off_policy = ((None, {}) if behaviour is None
-                           else behaviour_weights(old, behaviour, ctx.params.update.behaviour_weight_cap))
-    mismatch = {} if sampled is not None else engine_mismatch(turns, old if behaviour is None else behaviour)
+        behaviour, cap, name = sampled, u.behaviour_weight_cap, "behaviour"
+        if engine is not None:
+            behaviour = engine
+            ctx.log("update.engine_correction tis: the engine's log-probs are the behaviour policy's")
+        elif behaviour is None:
+            behaviour = behaviour_logprobs(ctx, pad_id, turns, procs)
+            mismatch = engine_mismatch(turns, behaviour)
+    weights, stats = (None, {}) if behaviour is None else behaviour_weights(old, behaviour, cap, name)
     ref = reference_logprobs(ctx, pad_id, turns, procs, old)
-    return replace(turns, old_logps=old, ref_logps=ref, weights=weights), mismatch | off_policy
+    return replace(turns, old_logps=old, ref_logps=ref, weights=weights), mismatch | stats
 
 
 def engine_logprobs(ctx, turns: Turns) -> list | None:
@@ -260,14 +274,17 @@ def behaviour_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes) -> list
     return checkpoint_logprobs(ctx, rollout, pad_id, turns, procs)
 
 
-def behaviour_weights(proximal: list, behaviour: list, cap: float) -> tuple[list, dict[str, float]]:
-    """Each token's weight in the decoupled loss, `min(π_prox / π_behav, cap)`, and their statistics: the mean
-    weight, the share truncated, and the behaviour policy's KL to the proximal one (its tokens' mean log ratio)."""
+def behaviour_weights(proximal: list, behaviour: list, cap: float,
+                      name: str = "behaviour") -> tuple[list, dict[str, float]]:
+    """Each token's weight in the decoupled loss, `min(π_prox / π_behav, cap)`, and their statistics, reported as
+    `name`: the mean weight, the share truncated, and the behaviour policy's KL to the proximal one (its tokens'
+    mean log ratio). Under `update.engine_correction: tis` at lag 0 the behaviour policy is the engine and the
+    proximal one π_old."""
     weights = [torch.exp(pr - be).clamp(max=cap) for pr, be in zip(proximal, behaviour, strict=True)]
     w = torch.cat(weights)
     log_ratio = torch.cat(behaviour) - torch.cat(proximal)
-    return weights, {"behaviour_weight_mean": float(w.mean()), "behaviour_weight_capped_share":
-                     float((w >= cap).float().mean()), "behaviour_kl": float(log_ratio.mean())}
+    return weights, {f"{name}_weight_mean": float(w.mean()), f"{name}_weight_capped_share":
+                     float((w >= cap).float().mean()), f"{name}_kl": float(log_ratio.mean())}
 
 
 def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes, old: list) -> list | None:

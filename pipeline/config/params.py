@@ -312,6 +312,14 @@ class UpdateConfig(MicroBatching):
         "are fp32 either way")
     behaviour_weight_cap: float = Field(5.0, gt=1.0, description="loop.off_policy_lag 1: the importance weight "
                                         "pi_prox / pi_behav of a token is truncated at this value (unused at lag 0)")
+    engine_correction: Literal["none", "tis"] = Field(
+        "none", description="none: the turns count as sampled by the checkpoint that sampled them; tis: by the "
+        "rollout engine as it computed (its own log-probs, e.g. vLLM in bf16), each token's loss weighted by "
+        "min(pi_old / pi_engine, update.engine_weight_cap), truncated importance sampling (verl's rollout_is, token "
+        "level, truncate). One step off-policy the engine is pi_behav (capped at update.behaviour_weight_cap). Needs "
+        "log pi_old recomputed: update.old_logprobs recompute or auto (docs/credit-assignment.md, Policy update)")
+    engine_weight_cap: float = Field(2.0, gt=1.0, description="update.engine_correction tis, lag 0: the weight "
+                                     "pi_old / pi_engine of a token is truncated at this value (verl's default 2)")
 
     def trains_in(self, policy_dtype: str) -> str:
         """The dtype the update computes in under a policy of `policy_dtype`: `dtype`, or that one for `policy`."""
@@ -457,6 +465,14 @@ class Params(Section):
                 and self.update.trains_in(self.policy.dtype) == "float16":
             raise ValueError("runtime.update_sharding: fsdp does not scale fp16 losses across shards; use "
                              "policy.dtype (or update.dtype) bfloat16 or float32")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_correction_needs_recompute(self):
+        if self.update.engine_correction == "tis" and self.update.old_logprobs == "engine":
+            raise ValueError("update.engine_correction tis weighs each token by pi_old / pi_engine, but "
+                             "update.old_logprobs engine makes the engine's log-probs log pi_old (every weight 1); "
+                             "set update.old_logprobs: recompute")
         return self
 
     @model_validator(mode="after")
