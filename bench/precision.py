@@ -26,7 +26,8 @@ seed): per seed the per-task difference of the held-out success averaged over it
 the last (the two runs' warm starts differ, so iteration 0 is not shared), then the mean over seeds with a
 t-interval over seeds and the shared task panel (`bench.verdicts.standard_error`), and the non-inferiority verdict:
 bf16 is not worse by `--margin` points or more where the one-sided 95 % lower bound
-(the two-sided 90 % interval's) is above −margin. Writes `OUT/precision_learning.csv`.
+(the two-sided 90 % interval's) is above −margin; where it is not, how many seeds would be expected to show it at
+the measured mean and spread (`seeds_to_show`, a simulation). Writes `OUT/precision_learning.csv`.
 Every row names the CPU and its bf16 flags.
 """
 
@@ -44,11 +45,12 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import scipy.stats as sstats
 import torch
 import yaml
 
 from bench import cpu_name
-from bench.verdicts import evaluated_iterations, interval, standard_error, task_success
+from bench.verdicts import MAX_SEEDS, POWER, evaluated_iterations, interval, standard_error, task_success
 from pipeline.config.files import read_params
 from pipeline.config.params import load_params, with_overrides
 from pipeline.data.tables import ADVANTAGES, STEPS, read_table, write_text_atomic
@@ -288,14 +290,45 @@ def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], r
 
 def noninferiority(per_task: list[np.ndarray], margin: float = 5.0) -> dict:
     """bf16 − fp32 from each seed's per-task differences (points): the mean, its standard error over seeds and the
-    task panel, the one-sided 95 % lower bound and whether it clears −`margin`."""
+    task panel, the one-sided 95 % lower bound and whether it clears −`margin`; and, from 2 seeds on, how many
+    seeds would be expected to clear it (`seeds_to_show`) at the measured mean and spread."""
     per_task = [np.asarray(x, dtype=np.float64) for x in per_task]
-    mean = float(np.mean([x.mean() for x in per_task]))
+    means = np.array([x.mean() for x in per_task])
+    mean = float(means.mean())
     se, df, covers = standard_error(per_task)
     low, high = interval(mean, se, df, 0.90)
     shown = bool(math.isfinite(low) and low > -margin)
+    need = None
+    if len(means) >= 2 and len({len(x) for x in per_task}) == 1:
+        d = np.stack(per_task)                               # seeds x tasks, one shared panel
+        n, t = d.shape
+        by_task = float(d.mean(axis=0).var(ddof=1)) / t if t > 1 else 0.0
+        crossed = float((d - d.mean(axis=1, keepdims=True)).var(axis=0, ddof=1).mean()) / t if t > 1 else 0.0
+        need = seeds_to_show(mean, float(means.std(ddof=1)), margin, max(by_task - crossed / n, 0.0), crossed)
     return {"seeds": len(per_task), "mean": mean, "se": se, "df": df, "lower_95_one_sided": low,
-            "upper_95_one_sided": high, "margin": margin, "covers": covers, "not_worse": shown}
+            "upper_95_one_sided": high, "margin": margin, "covers": covers, "not_worse": shown,
+            "seeds_to_show": need}
+
+
+def seeds_to_show(mean: float, sd: float, margin: float, panel: float = 0.0, panel_per_seed: float = 0.0,
+                  power: float = POWER, sims: int = 4000, seed: int = 0) -> int | None:
+    """The fewest seeds n at which the one-sided 95 % lower bound is expected to clear −`margin` with probability
+    `power`, the per-seed differences normal with this `mean` and `sd`: a simulation of `sims` experiments a size.
+    The bound is `bench.verdicts.standard_error`'s: t with n − 1 degrees of freedom over the seeds' means, plus the
+    task panel's variance, here `panel + panel_per_seed / n` (the tasks' own spread of the difference, which more
+    seeds do not average away, and the task-by-seed noise, which they do; `noninferiority` estimates both from the
+    seeds measured). None where no number of seeds is expected to (with many the bound tends to
+    mean − 1.645 sqrt(panel)) or more than `MAX_SEEDS` would. An estimate, as `bench.verdicts.seeds_to_decide` is."""
+    if mean - float(sstats.norm.ppf(0.95)) * math.sqrt(panel) <= -margin:
+        return None
+    rng = np.random.default_rng(seed)
+    for n in range(2, MAX_SEEDS + 1):
+        d = rng.normal(mean, sd, size=(sims, n))
+        se = np.sqrt(d.var(axis=1, ddof=1) / n + panel + panel_per_seed / n)
+        low = d.mean(axis=1) - float(sstats.t.ppf(0.95, n - 1)) * se
+        if float((low > -margin).mean()) >= power:
+            return n
+    return None
 
 
 def learning_check(runs: list[Path], first: int, margin: float, out: Path,
@@ -328,12 +361,17 @@ def learning_check(runs: list[Path], first: int, margin: float, out: Path,
     cpu = machine()
     write_text_atomic(out / "precision_learning.csv", pl.DataFrame(
         [{**r, **cpu} for r in rows] + [{"bf16": "mean over seeds", "diff_points": result["mean"],
-                                           "lower_95_one_sided": result["lower_95_one_sided"], **cpu}],
+                                           "lower_95_one_sided": result["lower_95_one_sided"],
+                                           "seeds_to_show": result["seeds_to_show"], **cpu}],
         infer_schema_length=None).write_csv())
     a_name, b_name = names
     verdict = (f"{a_name} is not worse than {b_name} by {margin:g} points or more" if result["not_worse"] else
                f"not shown: {a_name} may be worse than {b_name} by {margin:g} points or more")
     seeds = ", ".join(f"{r['diff_points']:+.1f}" for r in rows)
+    if not result["not_worse"] and result["seeds"] >= 2:
+        n = result["seeds_to_show"]
+        verdict += (f"; at this mean and spread about {n} seeds would be expected to show it (80 % power, an "
+                    "estimate)" if n else "; at this mean no number of seeds is expected to show it")
     print(f"{a_name} − {b_name}, held-out success over iterations {first} on: {result['mean']:+.1f} points over "
           f"{result['seeds']} seeds (per seed {seeds}); one-sided 95 % lower bound "
           f"{result['lower_95_one_sided']:+.1f} ({result['covers']}): {verdict}")

@@ -1,5 +1,6 @@
 """`bench.precision`'s attribution of a profile: operators by kind, events by phase, overhead as the rest."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,6 +53,49 @@ def test_noninferiority_by_hand():
     assert r["lower_95_one_sided"] == pytest.approx(-6.313752 * 5, abs=1e-4) and not r["not_worse"]
     r = noninferiority([np.array([1.0]), np.array([2.0]), np.array([3.0])], margin=5)
     assert r["lower_95_one_sided"] == pytest.approx(2 - 2.919986 * (1 / 3) ** 0.5, abs=1e-5) and r["not_worse"]
+
+
+@pytest.mark.parametrize("mean, sd", [(0.0, 5.0), (-2.0, 4.0)])
+def test_seeds_to_show_matches_the_noncentral_t(mean, sd):
+    """Without a panel term the bound clears -5 when (mean_hat + 5) / (s / sqrt(n)) > t(0.95, n - 1): the statistic
+    is noncentral t with n - 1 degrees of freedom and noncentrality (mean + 5) sqrt(n) / sd, so the exact power
+    is its survival function at the critical value. The simulation finds the same fewest n with 80 % power."""
+    import scipy.stats as st
+
+    from bench.precision import seeds_to_show
+
+    def power(n):
+        return float(st.nct.sf(st.t.ppf(0.95, n - 1), n - 1, (mean + 5.0) * n ** 0.5 / sd))
+    exact = next(n for n in range(2, 100) if power(n) >= 0.8)
+    assert exact == {0.0: 8, -2.0: 13}[mean]       # powers 0.754 at 7 and 0.815 at 8; 0.785 at 12, 0.817 at 13
+    assert seeds_to_show(mean, sd, 5.0) == exact
+
+
+def test_seeds_to_show_says_none_where_no_number_of_seeds_would():
+    """At or below the margin, or where the tasks' own spread keeps the bound under it (-4.5 - 1.645 x 1 < -5);
+    task-by-seed noise alone averages away."""
+    from bench.precision import noninferiority, seeds_to_show
+
+    assert seeds_to_show(-5.5, 3.0, 5.0) is None
+    assert seeds_to_show(-4.5, 2.0, 5.0, panel=1.0) is None
+    assert seeds_to_show(-4.5, 2.0, 5.0, panel_per_seed=1.0) is not None
+    # one seed has no spread to simulate: no estimate
+    assert noninferiority([np.array([1.0, 2.0])], margin=5)["seeds_to_show"] is None
+
+
+def test_the_panel_splits_into_the_tasks_spread_and_the_task_by_seed_noise(monkeypatch):
+    """Seeds (3, 0, 0) and (1, 0, 2): seed means 1 and 1 (spread 0). The tasks' means over seeds 2, 0, 1 vary by 1,
+    over 3 tasks 1/3. Each seed less its mean: (2, -1, -1) and (0, -1, 1); per task the variance over seeds 2, 0,
+    2, their mean 4/3, over 3 tasks 4/9: the task-by-seed noise, of which 2 seeds leave (4/9) / 2 in the tasks'
+    means, so the tasks' own spread is 1/3 - 2/9 = 1/9."""
+    from bench import precision
+
+    seen = []
+    monkeypatch.setattr(precision, "seeds_to_show", lambda *a: seen.append(a) or 7)
+    r = precision.noninferiority([np.array([3.0, 0.0, 0.0]), np.array([1.0, 0.0, 2.0])], margin=5)
+    assert r["seeds_to_show"] == 7
+    (mean, sd, margin, panel, per_seed), = seen
+    assert (mean, sd, margin) == (1.0, 0.0, 5) and panel == pytest.approx(1 / 9) and per_seed == pytest.approx(4 / 9)
 
 
 def test_the_learning_check_pairs_runs_by_seed_over_later_iterations(tmp_path, monkeypatch, capsys):
