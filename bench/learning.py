@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import psutil
 import yaml
 
 from bench import log_run
@@ -124,13 +125,37 @@ def _params(base: dict, method: str, seed: int, tracking_uri: str) -> dict:
     return p
 
 
+LOCKED = "Directory cannot be locked"
+
+
 def _snakemake(d: Path, cores: int, *targets: str) -> None:
+    """Snakemake in the run folder `d`. A lock left by a bench killed earlier (no Snakemake process works in `d`)
+    is removed and the run started again, so that a resumed bench or campaign goes on where it stopped instead of
+    recording a run that never started as crashed."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), "--quiet"], cwd=d,
-                       capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "snakemake", *targets, "--cores", str(cores), "--quiet"]
+    r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, check=False)
+    if r.returncode != 0 and LOCKED in r.stderr and not snakemake_works_in(d):
+        print(f"  {d.name}: a stale Snakemake lock (a run killed earlier): unlocked, started again", flush=True)
+        subprocess.run([sys.executable, "-m", "snakemake", "--unlock", "--cores", "1"], cwd=d, capture_output=True,
+                       text=True, check=False)
+        r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"snakemake failed in {d} (see {d / 'results/logs'}):\n{r.stderr[-3000:]}")
     print(f"  {d.name}: {' '.join(targets) or 'all'} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def snakemake_works_in(d: Path) -> bool:
+    """Whether a Snakemake process runs with `d` as its working folder (then its lock is not stale)."""
+    d = d.resolve()
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if any("snakemake" in a for a in proc.info["cmdline"] or ()) and proc.info["cwd"] \
+                    and Path(proc.info["cwd"]).resolve() == d:
+                return True
+        except (psutil.Error, OSError):
+            continue
+    return False
 
 
 def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: str, base_dir: Path,

@@ -64,3 +64,61 @@ def test_runs_grouped_by_dtype_name_what_auto_resolved_to(tmp_path):
                 {"requested": dtype, "dtype": resolved}))
     assert [Run(tmp_path / n, "policy.dtype").method for n in "abc"] == ["bfloat16", "float32", "auto"]
     assert Run(tmp_path / "a").method == "grpo"
+
+
+def _killed_run(d):
+    """A Snakemake run in `d` killed mid-job (SIGKILL): its lock stays behind, as a bench stopped by hand leaves it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d.mkdir()
+    (d / "Snakefile").write_text('rule all:\n    output: "a.txt"\n    shell: "sleep 60; echo done > a.txt"\n')
+    p = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--quiet"], cwd=d,
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):                    # until Snakemake has locked the folder and started the job
+        if any((d / ".snakemake" / "locks").glob("*.lock")):
+            break
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    (d / "Snakefile").write_text('rule all:\n    output: "a.txt"\n    shell: "echo done > a.txt"\n')
+    return p
+
+
+def test_a_stale_lock_is_removed_and_the_run_goes_on(tmp_path, capsys):
+    """A campaign resumed after a kill found every run folder locked and recorded its runs as crashed in 2 s; the
+    bench now unlocks a folder no Snakemake process works in, and runs it."""
+    import subprocess
+    import sys
+
+    from bench.learning import _snakemake
+
+    d = tmp_path / "run"
+    _killed_run(d)
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--quiet"], cwd=d, capture_output=True,
+                       text=True, check=False)
+    assert r.returncode != 0 and "Directory cannot be locked" in r.stderr       # Snakemake alone refuses
+    _snakemake(d, 1)
+    assert (d / "a.txt").read_text() == "done\n"
+    assert "run: a stale Snakemake lock (a run killed earlier): unlocked, started again" in capsys.readouterr().out
+
+
+def test_a_lock_held_by_a_live_snakemake_is_kept(tmp_path):
+    """A folder another Snakemake process works in is not unlocked: the bench fails, naming the folder."""
+    import subprocess
+    import sys
+
+    from bench.learning import _snakemake
+
+    d = tmp_path / "run"
+    _killed_run(d)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"], cwd=d)
+    try:
+        with pytest.raises(RuntimeError, match=f"snakemake failed in {d}"):
+            _snakemake(d, 1)
+        assert not (d / "a.txt").exists()
+    finally:
+        live.kill()
+        live.wait()
