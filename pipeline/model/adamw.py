@@ -5,8 +5,11 @@ The update of iteration i (and a step-reward model's fit) resumes AdamW from the
 The state is not a declared stage output: the checkpoint folder stays a plain model folder that DVC and Snakemake
 hash and time as before, and `runtime.keep_optimizer: last` deletes the state of older iterations once the newer
 one is written, so a finished run holds one optimiser state per model (`all` keeps every one). The newer state is
-written before the stage's outputs and the older ones are deleted only after them, so a stage killed at any point
-resumes from a state that is still there.
+written before the stage's outputs and the older ones are deleted only after them, so a stage killed before its
+outputs are written resumes from a state that is still there. Not covered: a stage killed in the moment after the
+older state is deleted and before its process exits (its last metrics). Snakemake then counts the job as
+incomplete and reruns it, and the state it resumes from is gone: the error names the file and says to rerun from
+iteration 1. `keep_optimizer: all` avoids that window.
 """
 
 from __future__ import annotations
