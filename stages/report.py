@@ -17,6 +17,7 @@ from pipeline.data.difficulty import plot_difficulty, success_by_difficulty
 from pipeline.data.figures import pyplot, save_figure
 from pipeline.data.tables import EVAL_EPISODES, read_table, write_text_atomic
 from pipeline.envs.base import has, make_env
+from pipeline.model import adamw
 from pipeline.workflow.cli import parse_args, stage_job
 from pipeline.workflow.registry import made_at
 from pipeline.workflow.tracking import Tracker
@@ -102,6 +103,8 @@ def main(argv=None) -> None:
         tracker.log_artifact(png_path, parent=True)
         tracker.log_artifact(dpng, parent=True)
         tracker.finish("FINISHED", end_parent=True)
+        for f in adamw.prune_finished(ctx.path(paths.ITER_DIR, 0).parent, p.runtime.keep_optimizer):
+            ctx.log(f"runtime.keep_optimizer last: deleted {f}")
         ctx.log(f"wrote {csv_path}, {png_path} and {ctx.path(paths.REPORT_METRICS)}: success {first:.3f} at "
                 f"iteration 0, {last:.3f} at the last" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
                                                       if "credit" in k and v is not None))

@@ -384,8 +384,10 @@ class RuntimeConfig(Section):
                         "or cuda:N. Sampling draws differ between a CPU and a GPU, so runs to be compared should "
                         "use the same device")
     keep_optimizer: Literal["last", "all"] = Field(
-        "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, only "
-        "the newest, which the next update resumes from; all, every one, so that any iteration can be rerun alone")
+        "last", description="which iterations keep their optimiser state (results/iter_i/optimizer/): last, the "
+        "newest two while the run goes on (the one the next update resumes from, and the one before, so that a stage "
+        "killed before it exits reruns), the newest alone once the report has run; all, every one, so that any "
+        "iteration can be rerun alone")
     resources: ResourcesConfig = Field(
         ResourcesConfig(), description="per stage (init, rollout, update, ...; a sharded stage's shards take its "
         "entry): threads, mem_mb, runtime, gpu, what each job declares to Snakemake and so to a cluster executor")

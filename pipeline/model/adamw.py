@@ -3,13 +3,10 @@ iterations: `results/iter_i/optimizer/<name>.pt`, beside the checkpoint, not in 
 
 The update of iteration i (and a step-reward model's fit) resumes AdamW from the state of i-1 and saves its own.
 The state is not a declared stage output: the checkpoint folder stays a plain model folder that DVC and Snakemake
-hash and time as before, and `runtime.keep_optimizer: last` deletes the state of older iterations once the newer
-one is written, so a finished run holds one optimiser state per model (`all` keeps every one). The newer state is
-written before the stage's outputs and the older ones are deleted only after them, so a stage killed before its
-outputs are written resumes from a state that is still there. Not covered: a stage killed in the moment after the
-older state is deleted and before its process exits (its last metrics). Snakemake then counts the job as
-incomplete and reruns it, and the state it resumes from is gone: the error names the file and says to rerun from
-iteration 1. `keep_optimizer: all` avoids that window.
+hash and time as before. `runtime.keep_optimizer: last` (`all` keeps every one): the stage of i deletes the states
+before i-1, keeping the one it resumed from, since Snakemake counts the job as finished only once its process
+has exited and reruns it from i-1's state if it is killed before; the report stage, the run's last job, deletes
+all but the newest, so a finished run holds one optimiser state per model.
 """
 
 from __future__ import annotations
@@ -63,17 +60,34 @@ def restore(optimizer, iter_dir: str | Path, name: str, required: bool) -> bool:
 
 
 def prune(iter_dir: str | Path, name: str, keep: str) -> list[Path]:
-    """With `keep` == "last", delete `name`'s state of every iteration before that of `iter_dir`; returns the
+    """With `keep` == "last", delete `name`'s state of every iteration before the one preceding `iter_dir`'s (the
+    state this stage resumed from stays until the next stage of the same model has written its own); returns the
     files deleted."""
     if keep == "all":
         return []
     iter_dir = Path(iter_dir)
     current = int(ITER.search(iter_dir.name).group(1))
+    return _delete(iter_dir.parent, lambda it, n: n == name and it < current - 1)
+
+
+def prune_finished(results: str | Path, keep: str) -> list[Path]:
+    """With `keep` == "last", every model's states but its newest, in the run's results folder `results` (the
+    report stage, once every update and fit has finished); returns the files deleted."""
+    if keep == "all":
+        return []
+    results = Path(results)
+    newest: dict[str, int] = {}
+    for f in results.glob(f"iter_*/{FOLDER}/*.pt"):
+        if m := ITER.search(f.parent.parent.name):
+            newest[f.stem] = max(newest.get(f.stem, -1), int(m.group(1)))
+    return _delete(results, lambda it, n: it < newest[n])
+
+
+def _delete(results: Path, doomed) -> list[Path]:
     gone = []
-    for d in iter_dir.parent.glob("iter_*"):
-        m = ITER.search(d.name)
-        f = state_file(d, name)
-        if m and int(m.group(1)) < current and f.is_file():
+    for f in sorted(results.glob(f"iter_*/{FOLDER}/*.pt")):
+        m = ITER.search(f.parent.parent.name)
+        if m and doomed(int(m.group(1)), f.stem):
             f.unlink()
             gone.append(f)
             if not any(f.parent.iterdir()):

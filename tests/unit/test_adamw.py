@@ -35,13 +35,23 @@ def test_a_missing_state_is_an_error_after_the_first_iteration(tmp_path):
         adamw.restore(opt, tmp_path / "iter_3", "policy", required=True)
 
 
-@pytest.mark.parametrize("keep, left", [("last", [3]), ("all", [1, 2, 3])])
-def test_prune_keeps_the_newest_state_or_all(tmp_path, keep, left):
+@pytest.mark.parametrize("keep, left, finished", [("last", [2, 3], [3]), ("all", [1, 2, 3], [1, 2, 3])])
+def test_prune_keeps_the_state_resumed_from_until_the_run_is_finished(tmp_path, keep, left, finished):
+    """Each stage deletes the states before the one it resumed from: killed after pruning and before its process
+    exits, it is rerun by Snakemake from that state, which is still there. The report stage leaves the newest."""
     _, opt = adam_after_steps(0.1, 1)
     for it in (1, 2, 3):
         adamw.save(opt, tmp_path / f"iter_{it}", "policy")
         adamw.save(opt, tmp_path / f"iter_{it}", "reward_model")
         adamw.prune(tmp_path / f"iter_{it}", "policy", keep)
-    assert sorted(p.parent.parent.name for p in tmp_path.glob("iter_*/optimizer/policy.pt")) == \
-        [f"iter_{i}" for i in left]
-    assert len(list(tmp_path.glob("iter_*/optimizer/reward_model.pt"))) == 3   # another model's states stay
+
+    def states(name):
+        return sorted(int(p.parent.parent.name[5:]) for p in tmp_path.glob(f"iter_*/optimizer/{name}.pt"))
+    assert states("policy") == left
+    assert states("reward_model") == [1, 2, 3]                     # another model's states stay
+    # the update of 3 rerun (killed after it pruned): it resumes from iteration 2's state
+    _, fresh = adam_after_steps(0.1, 0)
+    assert adamw.restore(fresh, tmp_path / "iter_2", "policy", required=True)
+    adamw.prune_finished(tmp_path, keep)
+    assert states("policy") == finished and states("reward_model") == finished
+    assert not (tmp_path / "iter_1" / "optimizer").exists() or keep == "all"   # an emptied folder goes too
