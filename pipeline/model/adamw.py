@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from pipeline.data.tables import atomic_file
+
+if TYPE_CHECKING:
+    import torch
 
 FOLDER = "optimizer"
 ITER = re.compile(r"iter_(\d+)$")
@@ -25,6 +27,8 @@ ITER = re.compile(r"iter_(\d+)$")
 def build(parameters, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """A fresh AdamW on `parameters` (those with `requires_grad` of a model: LoRA trains its adapters only);
     `restore` loads a saved state into it."""
+    import torch  # here, not at the top: the report stage prunes states and does not import torch
+
     return torch.optim.AdamW([q for q in parameters if q.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
@@ -35,6 +39,8 @@ def state_file(iter_dir: str | Path, name: str) -> Path:
 def save(optimizer, iter_dir: str | Path, name: str) -> Path:
     """Write `optimizer`'s state for the iteration of `iter_dir`, atomically."""
     path = state_file(iter_dir, name)
+    import torch
+
     with atomic_file(path) as tmp:
         torch.save(optimizer.state_dict(), tmp)
     return path
@@ -52,6 +58,8 @@ def restore(optimizer, iter_dir: str | Path, name: str, required: bool) -> bool:
                 f"only the newest iteration's state, so an iteration can be rerun alone only after the one before it "
                 f"was rerun; rerun from iteration 1, or set runtime.keep_optimizer: all")
         return False
+    import torch
+
     settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     optimizer.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
     for group, own in zip(optimizer.param_groups, settings, strict=True):
