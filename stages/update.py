@@ -211,7 +211,7 @@ def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> t
     if u.engine_correction == "tis" and not tis:
         ctx.log("update.engine_correction tis: the engine's log-probs are log pi_old here, so every weight is 1")
     on_policy = ctx.path(paths.ROLLOUT_CHECKPOINT) == ctx.path(paths.PREV_CHECKPOINT)
-    engine = [torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs] if tis else None
+    engine = engine_tensors(turns) if tis else None
     mismatch = {}
     if on_policy:      # the engine's log-probs, where they stand in, are log pi_old's
         old = sampled if sampled is not None else old_logprobs(ctx, model, pad_id, turns, procs)
@@ -245,6 +245,11 @@ def engine_logprobs(ctx, turns: Turns) -> list | None:
         return None
     ctx.log(f"the rollout engine's log-probs stand in for the sampling checkpoint's ({len(turns.prompts)} turns, "
             "update.old_logprobs: engine)")
+    return engine_tensors(turns)
+
+
+def engine_tensors(turns: Turns) -> list:
+    """The rollout engine's log-probs of each turn's response tokens, as the rollout wrote them."""
     return [torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs]
 
 
@@ -260,7 +265,7 @@ def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> lis
 def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
     """How far the rollout engine's log-probs are from those recomputed under the checkpoint that sampled the turns
     (as verl reports it)."""
-    engine = torch.cat([torch.tensor(x, dtype=torch.float32) for x in turns.engine_logprobs])
+    engine = torch.cat(engine_tensors(turns))
     gap = (engine - torch.cat(sampler)).abs()
     return {"logprob_mismatch_abs_mean": float(gap.mean()), "logprob_mismatch_abs_max": float(gap.max()),
             "logprob_mismatch_share_over_0.1": float((gap > 0.1).float().mean())}
