@@ -9,11 +9,12 @@ Its phases, as a torchtune recipe's, one function each:
 2. `logprob_passes`: `log π_old`, recomputed from the rollout checkpoint at the sampling temperature
    (docs/credit-assignment.md, Policy update), its mismatch with the rollout engine's reported; or, with
    `update.old_logprobs: engine` (or `auto` in fp32), the engine's own. The KL reference's where `update.kl_coef`
-   > 0. One step off-policy (`loop.off_policy_lag: 1`) the turns of i were sampled by the checkpoint of i-2:
-   `log π_old` is then the proximal policy's (the checkpoint of i-1, which the update starts from), and the
-   behaviour policy's log-probs, recomputed from the rollout checkpoint, give each token its weight in the
-   decoupled loss. With `update.engine_correction: tis` the behaviour policy is the engine as it sampled (its own
-   log-probs): each token weighs `min(π_old / π_engine, cap)` at lag 0 too (truncated importance sampling).
+   > 0 (under LoRA the same model with its adapters off). One step off-policy (`loop.off_policy_lag: 1`) the
+   turns of i were sampled by the checkpoint of i-2: `log π_old` is then the proximal policy's (the checkpoint of
+   i-1, which the update starts from), and the behaviour policy's log-probs, recomputed from the rollout
+   checkpoint, give each token its weight in the decoupled loss. With `update.engine_correction: tis` the
+   behaviour policy is the engine as it sampled (its own log-probs): each token weighs `min(π_old / π_engine,
+   cap)` at lag 0 too (truncated importance sampling).
 3. `train`: `pipeline.model.ppo.ppo_update` on the turns (`Turns`, the batch type stage and library share).
 4. `save`: the checkpoint, the optimiser state, the metrics.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import polars as pl
 import torch
@@ -41,7 +43,7 @@ from pipeline.data.seeds import stage_seed
 from pipeline.model import adamw, fsdp
 from pipeline.model.distributed import Processes, start_processes
 from pipeline.model.dpo import step_dpo_update
-from pipeline.model.policy import load_policy, load_trainable, save_policy, trainer_policy
+from pipeline.model.policy import adapter_base, is_adapter, load_policy, load_trainable, save_policy, trainer_policy
 from pipeline.model.ppo import Placement, Turns, UpdateResult, ppo_update, sequence_logprobs, shared_logprobs
 from pipeline.rollout.branching import attribute
 from pipeline.workflow.cli import parse_args, stage_job
@@ -228,7 +230,7 @@ def logprob_passes(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> t
             behaviour = behaviour_logprobs(ctx, pad_id, turns, procs)
             mismatch = engine_mismatch(turns, behaviour)
     weights, stats = (None, {}) if behaviour is None else behaviour_weights(old, behaviour, cap, name)
-    ref = reference_logprobs(ctx, pad_id, turns, procs, old)
+    ref = reference_logprobs(ctx, model, pad_id, turns, procs, old)
     return replace(turns, old_logps=old, ref_logps=ref, weights=weights), mismatch | stats
 
 
@@ -257,9 +259,7 @@ def old_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes) -> lis
     """`log π_old` of every response token under the checkpoint the update starts from (the rollout's, or one step
     off-policy the proximal policy's)."""
     ctx.log(f"recomputing log pi_old for {len(turns.prompts)} turns")
-    u = ctx.params.update
-    return shared_logprobs(model, turns.prompts, turns.responses, pad_id, u.minibatch_size,
-                           ctx.params.rollout.temperature, procs, ctx.log, u.packing, u.micro_batch_tokens)
+    return turn_logprobs(ctx, model, pad_id, turns, procs)
 
 
 def engine_mismatch(turns: Turns, sampler: list) -> dict[str, float]:
@@ -292,24 +292,44 @@ def behaviour_weights(proximal: list, behaviour: list, cap: float,
                      float((w >= cap).float().mean()), f"{name}_kl": float(log_ratio.mean())}
 
 
-def reference_logprobs(ctx, pad_id: int, turns: Turns, procs: Processes, old: list) -> list | None:
+def reference_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes, old: list) -> list | None:
     """The KL reference's (the initial policy's) log-probs, where `update.kl_coef` > 0. Where the update starts
-    from the initial policy (iteration 1; with LoRA its fresh adapters add zero), they are `old`: no second pass."""
+    from the initial policy (iteration 1; with LoRA its fresh adapters add zero), they are `old`: no second pass.
+    Where `model` is LoRA adapters over checkpoint 0 (a LoRA run's checkpoints from iteration 1 on), the reference
+    is that model with its adapters switched off: one pass on the model already loaded, instead of loading
+    checkpoint 0 again."""
     if ctx.params.update.kl_coef <= 0:
         return None
-    if ctx.path(paths.PREV_CHECKPOINT) == ctx.path(paths.CHECKPOINT, 0):
+    initial = ctx.path(paths.CHECKPOINT, 0)
+    if ctx.path(paths.PREV_CHECKPOINT) == initial:
         ctx.log("the KL reference is the checkpoint the update starts from: its log-probs are log pi_old")
         return old
-    return checkpoint_logprobs(ctx, ctx.path(paths.CHECKPOINT, 0), pad_id, turns, procs)
+    if adapts(ctx.path(paths.PREV_CHECKPOINT), initial) and hasattr(model, "disable_adapter"):
+        ctx.log(f"the KL reference's log-probs: {len(turns.prompts)} turns under {initial}, the model's LoRA "
+                "adapters switched off")
+        with model.disable_adapter():
+            return turn_logprobs(ctx, model, pad_id, turns, procs)
+    return checkpoint_logprobs(ctx, initial, pad_id, turns, procs)
+
+
+def adapts(checkpoint: Path, initial: Path) -> bool:
+    """Whether `checkpoint` is LoRA adapters whose base model is `initial` (the folder, links resolved)."""
+    return is_adapter(checkpoint) and adapter_base(checkpoint) == Path(initial).resolve()
 
 
 def checkpoint_logprobs(ctx, checkpoint, pad_id: int, turns: Turns, procs: Processes,
                         temperature: float | None = None) -> list:
     """The turns' response log-probs under another checkpoint than the one training, at the sampling temperature
     (or `temperature`)."""
-    p = ctx.params
-    model, _ = load_policy(checkpoint, trainer_policy(p).dtype, procs.device, train=True)
+    model, _ = load_policy(checkpoint, trainer_policy(ctx.params).dtype, procs.device, train=True)
     ctx.log(f"log-probs of {len(turns.prompts)} turns under {checkpoint}")
+    return turn_logprobs(ctx, model, pad_id, turns, procs, temperature)
+
+
+def turn_logprobs(ctx, model, pad_id: int, turns: Turns, procs: Processes, temperature: float | None = None) -> list:
+    """The turns' response log-probs under `model`, at the sampling temperature (or `temperature`), batched and
+    packed as the update's passes are."""
+    p = ctx.params
     t = p.rollout.temperature if temperature is None else temperature
     return shared_logprobs(model, turns.prompts, turns.responses, pad_id, p.update.minibatch_size, t, procs,
                            ctx.log, p.update.packing, p.update.micro_batch_tokens)

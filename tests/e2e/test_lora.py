@@ -1,5 +1,6 @@
 """LoRA (`policy.lora`): the update trains only the adapter, a checkpoint is the adapter plus a pointer to its base,
-rollout and evaluate sample from base + adapter, and a rerun of an update reproduces its adapter byte for byte.
+rollout and evaluate sample from base + adapter, and a rerun of an update reproduces its adapter byte for byte (its
+KL reference the same model with the adapters off).
 
 The tiny configuration's shared GRPO run is continued with LoRA on: its initial policy and iteration 1's rollout
 stay, and every update (and what follows it) reruns with adapters.
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.e2e
 def lora_run(grpo_run, tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
     continue_grpo_run(grpo_run, d, policy={"lora": {"r": 4, "alpha": 8}},
-                      update={"lr": 0.05},     # large enough that the adapter visibly moves the tiny policy
+                      # lr large enough that the adapter visibly moves the tiny policy; a KL term, whose reference
+                      # from iteration 2 on is the loaded model with its adapters off
+                      update={"lr": 0.05, "kl_coef": 0.05},
                       runtime={"keep_optimizer": "all"})
     r = subprocess.run([SNAKEMAKE, "--cores", "2", "--quiet"], cwd=d, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -91,4 +94,5 @@ def test_rerun_update_reproduces_the_adapter(lora_run, tmp_path):
     r = subprocess.run([sys.executable, "-m", "stages.update", "--params", "params.yaml", "--iteration", "2"],
                        cwd=d, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "adapters switched off" in r.stdout + r.stderr
     assert (ck / "adapter_model.safetensors").read_bytes() == before

@@ -3,6 +3,7 @@ template, saved on the spot, standing in for Qwen2.5-1.5B-Instruct)."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,7 +159,53 @@ def test_the_kl_reference_at_iteration_1_is_log_pi_old_without_a_second_pass(tmp
     monkeypatch.setattr(update, "checkpoint_logprobs", lambda ctx, ckpt, *a: read.append(str(ckpt)) or ["ref"])
     old = [torch.tensor([-0.5, -1.0])]
     ctx = lambda it: StageContext(p, "p.yaml", it, "update", 0.0)  # noqa: E731
-    assert update.reference_logprobs(ctx(1), 0, None, None, old) is old and read == []
-    assert update.reference_logprobs(ctx(2), 0, None, None, old) == ["ref"] and read == ["results/iter_0/checkpoint"]
+    assert update.reference_logprobs(ctx(1), None, 0, None, None, old) is old and read == []
+    assert update.reference_logprobs(ctx(2), None, 0, None, None, old) == ["ref"]
+    assert read == ["results/iter_0/checkpoint"]
     p = p.model_copy(update={"update": p.update.model_copy(update={"kl_coef": 0.0})})
-    assert update.reference_logprobs(ctx(2), 0, None, None, old) is None
+    assert update.reference_logprobs(ctx(2), None, 0, None, None, old) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_under_lora_the_kl_reference_is_the_model_with_its_adapters_off(qwen_folder, tmp_path, monkeypatch, dtype):
+    """A LoRA run's checkpoint of i-1 is adapters over checkpoint 0, so the KL reference (checkpoint 0) is the
+    loaded model with its adapters switched off: the same log-probs as checkpoint 0 loaded on its own (to 1e-6),
+    without loading it, and not those of the adapted model. The adapters stay on afterwards."""
+    import shutil
+
+    from pipeline.model.distributed import Processes
+    from pipeline.model.policy import load_trainable, save_policy, with_lora
+    from pipeline.model.ppo import Turns, sequence_logprobs
+    from pipeline.workflow.cli import StageContext
+    from stages import update
+
+    monkeypatch.chdir(tmp_path)
+    first, second = Path("results/iter_0/checkpoint"), Path("results/iter_1/checkpoint")
+    shutil.copytree(qwen_folder, first)
+    p = Params(policy={"path": str(first), "dtype": dtype, "lora": {"r": 4}}, update={"kl_coef": 0.1})
+    base, tok = load_policy(first, train=True)
+    adapted = with_lora(base, p.policy.lora, seed=0)
+    torch.manual_seed(1)
+    for name, w in adapted.named_parameters():
+        if "lora_B" in name:                    # fresh adapters add zero: give them something to add
+            w.data.normal_(0, 0.5)
+    save_policy(adapted, tok, second, base=first)
+
+    model = load_trainable(second, p.policy, "cpu", seed=0)[0]
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, len(tok), (n,), generator=g).tolist() for n in (6, 9, 4)]
+    responses = [torch.randint(5, len(tok), (n,), generator=g).tolist() for n in (3, 5, 2)]
+    turns = Turns(prompts, responses, [1.0, -1.0, 0.5])
+    loaded = []
+    monkeypatch.setattr(update, "load_policy", lambda *a, **k: loaded.append(a[0]) or load_policy(*a, **k))
+    ctx = StageContext(p, "p.yaml", 2, "update", 0.0)
+    ref = update.reference_logprobs(ctx, model, tok.pad_token_id, turns, Processes(0, 1, "cpu"), old=None)
+    assert loaded == []
+    alone = update.checkpoint_logprobs(ctx, first, tok.pad_token_id, turns, Processes(0, 1, "cpu"))
+    assert loaded == [first]
+    on = sequence_logprobs(model, prompts, responses, tok.pad_token_id, 4, p.rollout.temperature)
+    for r, a, o in zip(ref, alone, on, strict=True):
+        assert torch.allclose(r, a, atol=1e-6)
+        assert (r - o).abs().max() > 1e-2          # the adapters change what the model computes
+    after = sequence_logprobs(model, prompts, responses, tok.pad_token_id, 4, p.rollout.temperature)
+    assert all(torch.equal(a, o) for a, o in zip(after, on, strict=True))
