@@ -74,6 +74,48 @@ def test_segments_of_one_shape_share_an_sdpa_call_by_hand():
     assert m.mask.int().tolist() == [[[[1, 1, 1, 0], [1, 1, 1, 1]]], [[[1, 1, 0, 0], [1, 1, 1, 0]]]]
 
 
+def test_all_batches_gather_at_once_and_their_outputs_come_back_in_node_order_by_hand():
+    """One gather a layer for every batch's queries (and one for keys, one for values) and one take of the outputs:
+    the batches' node lists flattened in batch order, and each node's row among the padded outputs concatenated."""
+    from pipeline.model.packing import _path_layout
+
+    # a: nodes 0-5 | c adds 6 7 (depths 4 5) | b adds 8 9 10 (depths 3-5) | d adds 11 (depth 6). b and c share a
+    # call (3 x 2 queries, c's third padded with node 0); a and d go alone
+    layout = _path_layout(pack([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 10, 11], [1, 2, 3, 7, 8, 9],
+                                [1, 2, 3, 4, 5, 6, 12]]))
+    assert [b.queries.tolist() for b in layout.batches] == [[[0, 1, 2, 3, 4, 5]], [[8, 9, 10], [6, 7, 0]], [[11]]]
+    assert layout.queries.tolist() == [0, 1, 2, 3, 4, 5, 8, 9, 10, 6, 7, 0, 11]
+    assert layout.keys.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 8, 9, 10, 0, 1, 2, 3, 6, 7, 0, 1, 2, 3, 4, 5, 11]
+    # padded outputs: a in rows 0-5, b in 6-8, c in 9-10 and its padding in 11, d in 12
+    assert layout.take.tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 6, 7, 8, 12]
+    assert layout.inverse.tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 6, 7, 8, 11]    # among the real outputs only
+
+
+def test_the_path_attention_gathers_once_a_layer_however_many_batches(monkeypatch):
+    """Each gather's backward scatters into a zeroed tensor of the whole row: the path attention makes four a layer
+    (queries, keys, values, the outputs' take), not four per batch."""
+    from pipeline.model import packing
+
+    monkeypatch.setitem(packing.ATTENTION, "mode", "paths")
+    prompts, responses, _ = shared_turns()
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    assert len(packing._path_layout(pack(seqs)).batches) > 2
+    m = tiny_llama(seed=2)
+    calls = []
+    real = torch.Tensor.__getitem__
+
+    def counting(self, index):
+        parts = index if isinstance(index, tuple) else (index,)
+        calls.extend(1 for i in parts if isinstance(i, torch.Tensor) and i.dtype == torch.long)
+        return real(self, index)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", counting)
+    with packing.tree_forward(m, pack(seqs), "cpu") as kwargs:
+        before = len(calls)
+        m(**kwargs)
+    assert len(calls) - before == 4 * m.config.num_hidden_layers
+
+
 def test_the_shared_turns_batch_their_segments(tokenizer):
     """The turns the equivalence tests below run through: some batch holds several segments with a mask, so the
     batched path attention is what they compare."""
