@@ -19,7 +19,8 @@ math flash` and `--frozen on off` profile the path attention's CPU kernel and th
 in a scratch run folder per dtype whose inputs are links to the run's own outputs, the dtypes alternating, each
 job `--repeats` times; its wall seconds from the start of the process to its end; `--code DIR ...` runs each job in
 every given checkout as well (a worktree of an earlier commit: before against after), `--set KEY=VALUE` overrides
-the params. Writes `OUT/precision_jobs.csv`.
+the params. An input the run lacks is made first, untimed, by the job that writes it (`fit@1 --set
+credit.method=gae` on a GRPO run: its `reward_init`). Writes `OUT/precision_jobs.csv`.
 `--learning BF16 FP32 [BF16 FP32 ...]`: whether bf16 learns as well as fp32, from finished runs (results
 folders, or their per-task tables as `bench.verdicts.task_success` writes them; a bf16 and an fp32 run of each
 seed): per seed the per-task difference of the held-out success averaged over iterations `--from-iteration`..
@@ -227,9 +228,10 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, sets: list[str] = ()
-             ) -> tuple[Path, list[str]]:
+             ) -> tuple[Path, list[str], list[list[str]]]:
     """A params file (`sets`: KEY=VALUE overrides) whose run folder (`where`) links every output of `run` except
-    the job's own, and the job's command line."""
+    the job's own; the job's command line; and the command lines, untimed, of the jobs that make the inputs the
+    run lacks (`prerequisites`: a fit's step-reward model of iteration 0 where the run used no learned model)."""
     from pipeline.config.params import apply_overrides
     from pipeline.workflow.registry import STAGE_BY_NAME
     from pipeline.workflow.runs import _link, job_paths
@@ -263,7 +265,23 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, se
     # iteration 0's record would carry the source run's dtype: the scratch run computes in its own
     (where / "iter_0" / "checkpoint" / "precision.json").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", f"stages.{stage_name}", "--params", str(f)]
-    return f, cmd + (["--iteration", it] if it else [])
+    return f, cmd + (["--iteration", it] if it else []), prerequisites(p, f, stage, int(it) if it else None)
+
+
+def prerequisites(p, params_file: Path, stage, it: int | None) -> list[list[str]]:
+    """The command lines of the jobs that write the inputs of `stage` at `it` missing from the run folder of `p`,
+    in pipeline order (one level: their own inputs must be there)."""
+    from pipeline.workflow.registry import enabled_stages, stage_iterations
+    from pipeline.workflow.runs import job_paths
+
+    missing = {x for x in job_paths(stage, p, it, stage.deps_templates(p)) if not Path(x).exists()}
+    cmds = []
+    for other in enabled_stages(p):
+        for i in stage_iterations(other, p) or [None]:
+            if missing & set(job_paths(other, p, i, other.outs_for(p))):
+                cmds.append([sys.executable, "-m", f"stages.{other.base}", "--params", str(params_file)]
+                            + ([] if i is None else ["--iteration", str(i)]))
+    return cmds
 
 
 def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], repeats: int, scratch: Path,
@@ -276,7 +294,12 @@ def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], r
         for r in range(repeats):
             for dtype, code in (variants if r % 2 == 0 else variants[::-1]):    # alternating: drift hits all
                 tag = f"{job.replace('@', '_')}_{dtype}" + (f"_{code.name}" if len(codes) > 1 else "")
-                _, cmd = _scratch(params_file, run, dtype, job, scratch / tag, sets)
+                _, cmd, before = _scratch(params_file, run, dtype, job, scratch / tag, sets)
+                for pre in before:                     # untimed: what the run lacks for this job
+                    done = subprocess.run(pre, capture_output=True, text=True, check=False, cwd=code)
+                    if done.returncode != 0:
+                        raise SystemExit(f"{' '.join(pre)} (in {code}), made before {job}, failed:\n"
+                                         f"{done.stderr[-3000:]}")
                 t0 = time.perf_counter()
                 r_ = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=code)
                 wall = time.perf_counter() - t0

@@ -518,3 +518,22 @@ def test_precision_smoke(grpo_run, tmp_path):
         assert (made / "model.safetensors").is_file() and not (made / "model.safetensors").is_symlink()
         assert yaml.safe_load((scratch / f"update_1_{dtype}.yaml").read_text())["policy"]["dtype"] == dtype
     assert {f.name: f.stat().st_mtime_ns for f in source.iterdir()} == before
+
+
+def test_precision_jobs_make_first_what_the_run_lacks(grpo_run, tmp_path):
+    """A GAE fit timed on a GRPO run, which has no step-reward model: its `reward_init` runs first in each scratch
+    folder, untimed, and only the fit is a row; the run's own folder gains nothing."""
+    from bench import precision
+
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    assert not (grpo_run / "results" / "iter_0" / "reward_model").exists()
+    precision.main(["--params", str(grpo_run / "params.yaml"), "--run", str(grpo_run / "results"), "--jobs",
+                    "fit@1", "--set", "credit.method=gae", "--repeats", "1", "--scratch", str(scratch),
+                    "--out", str(out)])
+    jobs = pl.read_csv(out / "precision_jobs.csv")
+    assert jobs.select("job", "dtype").rows() == [("fit@1", "float32"), ("fit@1", "bfloat16")]
+    for dtype in ("float32", "bfloat16"):
+        made = scratch / f"fit_1_{dtype}"
+        assert (made / "iter_0" / "reward_model").is_dir() and not (made / "iter_0" / "reward_model").is_symlink()
+        assert (made / "iter_1" / "reward_model").is_dir()
+    assert not (grpo_run / "results" / "iter_0" / "reward_model").exists()
