@@ -42,9 +42,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -171,27 +171,70 @@ def continuing_run(d: Path, base: dict, method: str, seed: int, tracking_uri: st
 
 def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, cores: int,
                      on_done: Callable[[Path, BaseException | None, float], None] | None = None) -> None:
-    """`base_run(seed)` for every seed, then Snakemake in every folder of `runs`, `jobs` at a time; one error
-    naming every run that failed. `on_done(folder, error or None, wall seconds)` as each run ends (a campaign
-    records it at once)."""
+    """`base_run(seed)` for every seed and Snakemake in every folder of `runs` (named `..._s<seed>`, continuing
+    their seed's base), `jobs` at a time. A free worker takes the first run whose seed's base has finished, else
+    the next seed's base: a seed's runs finish (and a campaign records them) before the later seeds' bases are
+    made. One error naming every run that failed (a run whose base failed among them, not started).
+    `on_done(folder, error or None, wall seconds)` as each run ends (a campaign records it at once)."""
+    def seed_of(d: Path) -> int:
+        return int(d.name.rpartition("_s")[2])
+
+    waiting = {s: [d for d in runs if seed_of(d) == s] for s in seeds}
+    bases, ready = list(seeds), []
+    building = [0]                                         # bases in progress
+    failed: dict[Path, BaseException] = {}
+    cond = threading.Condition()
+
+    def take():
+        with cond:
+            while True:
+                if ready:
+                    return "run", ready.pop(0)
+                if bases:
+                    building[0] += 1
+                    return "base", bases.pop(0)
+                if not building[0]:
+                    return None
+                cond.wait()
+
     def one(d: Path) -> None:
         t0 = time.perf_counter()
         try:
             _snakemake(d, cores)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - recorded and reported with the others once all have ended
+            failed[d] = e
             if on_done is not None:
                 on_done(d, e, time.perf_counter() - t0)
-            raise
+            return
         if on_done is not None:
             on_done(d, None, time.perf_counter() - t0)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(base_run, seeds))                          # the seeds' base runs side by side
-        futures = {d: pool.submit(one, d) for d in runs}
-    failed = {d: f.exception() for d, f in futures.items() if f.exception() is not None}
+    def worker() -> None:
+        while (task := take()) is not None:
+            kind, x = task
+            if kind == "run":
+                one(x)
+                continue
+            try:
+                base_run(x)
+            except BaseException as e:  # noqa: BLE001 - the other workers wait on this base: never leave it open
+                failed.update({d: e for d in waiting[x]})
+                waiting[x] = []
+            with cond:
+                building[0] -= 1
+                ready.extend(waiting[x])                   # the earliest seed's runs come first
+                ready.sort(key=lambda d: seeds.index(seed_of(d)))
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed: " + "; ".join(
-            f"{d.parent.name}/{d.name}: {str(e).splitlines()[0]}" for d, e in failed.items()))
+            f"{d.parent.name}/{d.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            for d, e in failed.items()))
 
 
 def parse_arms(methods: list[str], arms: list[list[str]]) -> dict[str, tuple[str, list[str]]]:

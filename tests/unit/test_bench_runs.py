@@ -122,3 +122,51 @@ def test_a_lock_held_by_a_live_snakemake_is_kept(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_side_by_side_runs_a_seeds_arms_before_the_next_seeds_base(tmp_path, monkeypatch):
+    """Two workers, three seeds: the arms of seed 0 start as soon as its base ends, before seed 2's base is made (a
+    campaign records whole pairs early); a failed base fails its seed's arms, unstarted, and the others still run."""
+    import threading
+    import time
+
+    from bench import learning
+
+    events, lock = [], threading.Lock()
+
+    def log(what):
+        with lock:
+            events.append(what)
+
+    def base_run(seed):
+        log(f"base {seed} start")
+        time.sleep({0: 0.1, 1: 0.35, 2: 0.1}[seed])
+        if seed == 1 and fail:
+            raise RuntimeError("snakemake failed in base_s1")
+        log(f"base {seed} end")
+
+    def arm(d, cores):
+        log(f"{d.name} start")
+        time.sleep(0.2)
+        log(f"{d.name} end")
+
+    monkeypatch.setattr(learning, "_snakemake", arm)
+    runs = [tmp_path / f"{a}_s{s}" for s in (0, 1, 2) for a in ("gigpo", "grpo")]
+    done = []
+    fail = False
+    learning.run_side_by_side(base_run, [0, 1, 2], runs, jobs=2, cores=1,
+                              on_done=lambda d, e, wall: done.append((d.name, e)))
+    at = {e: i for i, e in enumerate(events)}
+    assert at["base 2 start"] > max(at["gigpo_s0 start"], at["grpo_s0 start"])
+    assert at["gigpo_s0 start"] > at["base 0 end"] and at["gigpo_s1 start"] > at["base 1 end"]
+    assert sorted(n for n, e in done) == sorted(d.name for d in runs) and all(e is None for _, e in done)
+
+    events.clear()
+    done.clear()
+    fail = True
+    with pytest.raises(RuntimeError, match=r"2 of 6 runs failed: .*gigpo_s1: snakemake failed in base_s1; "
+                                           r".*grpo_s1: snakemake failed in base_s1"):
+        learning.run_side_by_side(base_run, [0, 1, 2], runs, jobs=2, cores=1,
+                                  on_done=lambda d, e, wall: done.append((d.name, e)))
+    assert sorted(n for n, _ in done) == ["gigpo_s0", "gigpo_s2", "grpo_s0", "grpo_s2"]
+    assert not any(e.endswith("_s1 start") for e in events)
