@@ -181,19 +181,20 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
 
     waiting = {s: [d for d in runs if seed_of(d) == s] for s in seeds}
     bases, ready = list(seeds), []
-    building = [0]                                         # bases in progress
+    building = 0                                           # bases in progress
     failed: dict[Path, BaseException] = {}
     cond = threading.Condition()
 
     def take():
+        nonlocal building
         with cond:
             while True:
                 if ready:
                     return "run", ready.pop(0)
                 if bases:
-                    building[0] += 1
+                    building += 1
                     return "base", bases.pop(0)
-                if not building[0]:
+                if not building:
                     return None
                 cond.wait()
 
@@ -210,6 +211,7 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
             on_done(d, None, time.perf_counter() - t0)
 
     def worker() -> None:
+        nonlocal building
         while (task := take()) is not None:
             kind, x = task
             if kind == "run":
@@ -221,7 +223,7 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
                 failed.update({d: e for d in waiting[x]})
                 waiting[x] = []
             with cond:
-                building[0] -= 1
+                building -= 1
                 ready.extend(waiting[x])                   # the earliest seed's runs come first
                 ready.sort(key=lambda d: seeds.index(seed_of(d)))
                 cond.notify_all()

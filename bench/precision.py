@@ -251,8 +251,8 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, se
     f = where.parent / f"{where.name}.yaml"
     f.write_text(yaml.safe_dump(raw))
     p = load_params(f)
-    stage = STAGE_BY_NAME[stage_name]
-    outs = job_paths(stage, p, int(it) if it else None, stage.outs_for(p))
+    stage, it = STAGE_BY_NAME[stage_name], int(it) if it else None
+    outs = job_paths(stage, p, it, stage.outs_for(p))
     for child in sorted(run.iterdir()):
         if child.name.startswith("iter_"):
             _link(child, where / child.name)
@@ -264,24 +264,22 @@ def _scratch(params_file: Path, run: Path, dtype: str, job: str, where: Path, se
             o.unlink()
     # iteration 0's record would carry the source run's dtype: the scratch run computes in its own
     (where / "iter_0" / "checkpoint" / "precision.json").unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", f"stages.{stage_name}", "--params", str(f)]
-    return f, cmd + (["--iteration", it] if it else []), prerequisites(p, f, stage, int(it) if it else None)
+    return f, _command(stage, f, it), prerequisites(p, f, stage, it)
+
+
+def _command(stage, params_file: Path, it: int | None) -> list[str]:
+    return [sys.executable, "-m", f"stages.{stage.base}", "--params", str(params_file)] + (
+        [] if it is None else ["--iteration", str(it)])
 
 
 def prerequisites(p, params_file: Path, stage, it: int | None) -> list[list[str]]:
     """The command lines of the jobs that write the inputs of `stage` at `it` missing from the run folder of `p`,
     in pipeline order (one level: their own inputs must be there)."""
-    from pipeline.workflow.registry import enabled_stages, stage_iterations
-    from pipeline.workflow.runs import job_paths
+    from pipeline.workflow.runs import job_paths, ordered_jobs
 
     missing = {x for x in job_paths(stage, p, it, stage.deps_templates(p)) if not Path(x).exists()}
-    cmds = []
-    for other in enabled_stages(p):
-        for i in stage_iterations(other, p) or [None]:
-            if missing & set(job_paths(other, p, i, other.outs_for(p))):
-                cmds.append([sys.executable, "-m", f"stages.{other.base}", "--params", str(params_file)]
-                            + ([] if i is None else ["--iteration", str(i)]))
-    return cmds
+    return [_command(other, params_file, i) for other, i in ordered_jobs(p, p.loop.iterations)
+            if missing & set(job_paths(other, p, i, other.outs_for(p)))]
 
 
 def run_jobs(params_file: Path, run: Path, jobs: list[str], dtypes: list[str], repeats: int, scratch: Path,

@@ -224,33 +224,31 @@ class _Batch:
 @dataclass(frozen=True)
 class _PathLayout:
     """Where each sequence's new nodes read (`segments`, in the order the tree was built: their node ranges tile
-    0..T - 1 in order, so the segments' outputs concatenated are the row's); and the same segments in `batches` of
-    similar shapes (`_batches`), whose outputs concatenated and taken at `inverse` are the row's. For one gather
-    a layer instead of one a batch: `queries` and `keys`, every batch's query and key nodes flattened, batch after
-    batch; `take`, the rows of the batches' padded outputs (flattened, concatenated) that are the row's, in node
-    order."""
+    0..T - 1 in order, so the segments' outputs concatenated are the row's); the same segments in `batches` of
+    similar shapes (`_batches`); and, for one gather a layer instead of one a batch, `queries` and `keys`, every
+    batch's query and key nodes flattened, batch after batch, and `take`, the rows of the batches' padded outputs
+    (flattened, concatenated) that are the row's, in node order."""
     segments: list[_Segment]
     batches: list[_Batch]
-    inverse: torch.Tensor
     queries: torch.Tensor
     keys: torch.Tensor
     take: torch.Tensor
 
     @classmethod
     def of(cls, segments: list[_Segment], batches: list[_Batch], inverse: torch.Tensor) -> _PathLayout:
+        """The layout of `_batches`' batches and `inverse` (each node's place among the real outputs)."""
         def flat(xs):
             return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)
         offsets, at = [], 0
         for b in batches:
             offsets.append(at + b.valid.nonzero().squeeze(1))
             at += b.valid.numel()
-        return cls(segments, batches, inverse, flat([b.queries.reshape(-1) for b in batches]),
+        return cls(segments, batches, flat([b.queries.reshape(-1) for b in batches]),
                    flat([b.keys.reshape(-1) for b in batches]), flat(offsets)[inverse])
 
     def to(self, device) -> _PathLayout:
         return _PathLayout([g.to(device) for g in self.segments], [b.to(device) for b in self.batches],
-                           self.inverse.to(device), self.queries.to(device), self.keys.to(device),
-                           self.take.to(device))
+                           self.queries.to(device), self.keys.to(device), self.take.to(device))
 
 
 PAD_SLACK = 1.25    # a batch computes at most this many times its segments' own query x key cells

@@ -46,7 +46,7 @@ def test_the_path_attention_reads_each_new_node_once_along_its_own_path_by_hand(
 
 
 def test_segments_of_one_shape_share_an_sdpa_call_by_hand():
-    from pipeline.model.packing import _path_layout
+    from pipeline.model.packing import _batches, _path_layout
 
     # two unrelated 3-token sequences: whole paths of one length, one causal call without a mask
     (b,) = _path_layout(pack([[1, 2, 3], [4, 5, 6]])).batches
@@ -59,11 +59,11 @@ def test_segments_of_one_shape_share_an_sdpa_call_by_hand():
     assert whole.queries.tolist() == [[0, 1, 2, 3]] and whole.mask is None
     assert pair.queries.tolist() == [[4], [5]] and pair.keys.tolist() == [[0, 1, 2, 4], [0, 1, 2, 5]]
     assert pair.mask.int().tolist() == [[[[1, 1, 1, 1]]], [[[1, 1, 1, 1]]]]
-    assert layout.inverse.tolist() == [0, 1, 2, 3, 4, 5]
+    assert _batches(layout.segments)[1].tolist() == [0, 1, 2, 3, 4, 5]      # each node's output, in order
     # padding: a 1-token sequence after a 4-token one, and a branch added last; the outputs come back in node order
     layout = _path_layout(pack([[1, 2, 3, 4], [7], [1, 2, 3, 5]]))
     assert [b.queries.tolist() for b in layout.batches] == [[[0, 1, 2, 3]], [[5]], [[4]]]
-    assert layout.inverse.tolist() == [0, 1, 2, 3, 5, 4]
+    assert _batches(layout.segments)[1].tolist() == [0, 1, 2, 3, 5, 4]
     # padded queries and keys: two 2-query segments of paths 3 and 4 long share a call (2 x 2 x 4 = 16 cells for 14)
     layout = _path_layout(pack([[1, 2, 3, 4], [1, 2, 8, 9], [1, 5, 6]]))
     merged = [b for b in layout.batches if len(b.queries) > 1]
@@ -77,7 +77,7 @@ def test_segments_of_one_shape_share_an_sdpa_call_by_hand():
 def test_all_batches_gather_at_once_and_their_outputs_come_back_in_node_order_by_hand():
     """One gather a layer for every batch's queries (and one for keys, one for values) and one take of the outputs:
     the batches' node lists flattened in batch order, and each node's row among the padded outputs concatenated."""
-    from pipeline.model.packing import _path_layout
+    from pipeline.model.packing import _batches, _path_layout
 
     # a: nodes 0-5 | c adds 6 7 (depths 4 5) | b adds 8 9 10 (depths 3-5) | d adds 11 (depth 6). b and c share a
     # call (3 x 2 queries, c's third padded with node 0); a and d go alone
@@ -88,7 +88,7 @@ def test_all_batches_gather_at_once_and_their_outputs_come_back_in_node_order_by
     assert layout.keys.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 8, 9, 10, 0, 1, 2, 3, 6, 7, 0, 1, 2, 3, 4, 5, 11]
     # padded outputs: a in rows 0-5, b in 6-8, c in 9-10 and its padding in 11, d in 12
     assert layout.take.tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 6, 7, 8, 12]
-    assert layout.inverse.tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 6, 7, 8, 11]    # among the real outputs only
+    assert _batches(layout.segments)[1].tolist() == [0, 1, 2, 3, 4, 5, 9, 10, 6, 7, 8, 11]   # real outputs only
 
 
 def test_the_path_attention_gathers_once_a_layer_however_many_batches(monkeypatch):
