@@ -21,14 +21,20 @@ crashed counts: its arm scores 0 at every iteration it did not evaluate.
 
 A claim is a folder `docs/data/claims/<CLAIM>/` holding `design.yaml` (the `Design`'s keys, plus `params`: the
 config file, `sets`: overrides for every run, `arms`: {label: [credit method, KEY=VALUE ...]} for the method
-and the baseline, and `shared_through`: 1, the arms of a seed share its initial policy and first rollout, or 0,
+and the baseline, `secondary`: labels of further arms run on the same seeds and reported beside the claim, outside
+its stopping rule, and `shared_through`: 1, the arms of a seed share its initial policy and first rollout, or 0,
 the initial policy only, for arms that roll out differently). Each finished run is recorded there as
 `runs/<label>_s<seed>/` (its per-task held-out success,
 `task_success.csv`; its params; `run.json`: status, CPU, bf16 flags, commit, wall seconds), small files to commit
 as they land, so that a campaign goes on after a restart on another machine. The runner takes the seeds the next
-look needs that are not recorded, runs both arms of each (`bench.learning`: one initial policy and first rollout
+look needs that are not recorded, runs every arm of each (`bench.learning`: one initial policy and first rollout
 per seed through `run.base`, on this machine: a pair never spans two machines), records them, and writes
-`looks.csv`, one row per look reached, the last one's decision the campaign's.
+`looks.csv`, one row per look reached, the last one's decision the campaign's, and with secondary arms
+`secondary.csv`: each secondary arm against the claim's method on the paired seeds (`bench.verdicts.
+compare_methods`, Holm-corrected across the secondary arms; descriptive: the campaign neither stops nor goes on
+for them).
+
+    python -m bench.campaign CLAIM --seeds 0 1                 # only these seeds of the next batch, this time
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ import yaml
 from bench import cpu_name
 from bench.verdicts import (
     DELTA,
+    Verdict,
+    compare_methods,
     equivalence_p,
     evaluated_iterations,
     interval,
@@ -58,6 +66,7 @@ from bench.verdicts import (
     seeds_to_decide,
     sign_patterns,
     task_success,
+    verdict_frame,
 )
 
 EXACT_UP_TO = 16          # seeds whose 2^n sign patterns are enumerated at a look
@@ -199,6 +208,12 @@ class Claim:
     arms: dict                     # label -> [credit method, KEY=VALUE ...]
     folder: Path
     shared_through: int = 1        # the arms share iteration 0 (0) or iterations 0 and 1 (1) of each seed's base run
+    secondary: tuple[str, ...] = ()   # further arms run on the same seeds, reported outside the stopping rule
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every arm a seed runs: the method, the baseline, then the secondary arms."""
+        return (self.design.method, self.design.baseline, *self.secondary)
 
 
 def load_claim(folder: Path) -> Claim:
@@ -215,7 +230,14 @@ def load_claim(folder: Path) -> Claim:
         if label not in arms or not arms[label]:
             raise SystemExit(f"error: {f}: arms has no {label!r} (the method and the baseline each need [credit "
                              f"method, KEY=VALUE ...])")
-    unknown = set(raw) - DESIGN_KEYS - {"params", "sets", "arms", "shared_through"}
+    secondary = raw.get("secondary", [])
+    if not isinstance(secondary, list):
+        raise SystemExit(f"error: {f}: secondary {secondary!r}; expected a list of arm labels")
+    for label in secondary:
+        if label not in arms or not arms[label] or label in (raw["method"], raw["baseline"]):
+            raise SystemExit(f"error: {f}: secondary arm {label!r} is not an arm of its own in arms (the method "
+                             f"and the baseline are the claim's)")
+    unknown = set(raw) - DESIGN_KEYS - {"params", "sets", "arms", "shared_through", "secondary"}
     if unknown:
         raise SystemExit(f"error: {f}: unknown keys {sorted(unknown)}")
     try:
@@ -230,7 +252,7 @@ def load_claim(folder: Path) -> Claim:
     if through not in (0, 1):
         raise SystemExit(f"error: {f}: shared_through {through!r}; expected 1 (the arms share each seed's initial "
                          "policy and first rollout) or 0 (the initial policy only: arms whose rollouts differ)")
-    return Claim(design, params, tuple(raw.get("sets", [])), arms, folder, through)
+    return Claim(design, params, tuple(raw.get("sets", [])), arms, folder, through, tuple(secondary))
 
 
 def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
@@ -311,17 +333,16 @@ def next_batch(claim: Claim, runs: dict) -> list[int]:
     target = next((n for n in design.looks if n > len(seeds)), None)
     if target is None:
         return []
-    return [s for s in design.seeds[:target] if (design.method, s) not in runs or (design.baseline, s) not in runs]
+    return [s for s in design.seeds[:target] if any((label, s) not in runs for label in claim.labels)]
 
 
 def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int) -> None:
-    """Both arms of every seed in `seeds` (bench.learning's runs from one initial policy per seed), each recorded
+    """Every arm of every seed in `seeds` (bench.learning's runs from one initial policy per seed), each recorded
     the moment it ends, crashed or not (commit them as they land: the next session may be on another machine); a
     run that never started (its seed's base run failed) is recorded as crashed when the batch ends."""
     from bench import learning
 
-    arms = {label: (spec[0], list(spec[1:])) for label, spec in claim.arms.items()
-            if label in (claim.design.method, claim.design.baseline)}
+    arms = {label: (claim.arms[label][0], list(claim.arms[label][1:])) for label in claim.labels}
     started = time.perf_counter()
     done: set[Path] = set()
 
@@ -355,6 +376,23 @@ def _finished(run_dir: Path) -> bool:
     return (run_dir / "results" / f"iter_{last}" / "eval.parquet").is_file()
 
 
+def secondary(claim: Claim, runs: dict, seeds: list[int]) -> tuple[list[Verdict], str]:
+    """Each secondary arm against the claim's method on `seeds` (the paired ones), where both ran on one machine:
+    `compare_methods` with the method as the baseline (so each reads arm − method), Holm-corrected across the
+    secondary arms, the design's metric primary; and a sentence on the panel and any seed left out."""
+    method = claim.design.method
+    tables, skipped = {}, []
+    for label in claim.secondary:
+        for s in seeds:
+            a, m = runs.get((label, s)), runs[(method, s)]
+            if a is None or a[1].get("cpu") != m[1].get("cpu"):
+                skipped.append(f"{label} seed {s} " + ("not recorded" if a is None else "ran on another machine"))
+                continue
+            tables[(label, s)], tables[(method, s)] = a[0], m[0]
+    verdicts, panel = compare_methods(tables, method, claim.design.metric, claim.design.delta)
+    return verdicts, " ".join([panel, *([f"Left out: {', '.join(skipped)}."] if skipped else [])])
+
+
 def report(claim: Claim, estimate: bool = True) -> list[Look]:
     runs = recorded(claim)
     seeds, d = differences(claim, runs)
@@ -373,6 +411,13 @@ def report(claim: Claim, estimate: bool = True) -> list[Look]:
         print(f"  look at {x.seeds} seeds: mean {x.mean:+.1f} points, boundary {x.boundary:.2f}, alpha spent "
               f"{x.alpha_spent:.4f}, equivalence p {x.p_equivalence:.3f}: {x.decision}"
               + (f" (about {x.seeds_to_decide} seeds expected to decide)" if x.seeds_to_decide else ""))
+    if claim.secondary and seeds:
+        verdicts, panel = secondary(claim, runs, seeds)
+        if verdicts:
+            write_text_atomic(claim.folder / "secondary.csv", verdict_frame(verdicts).write_csv())
+        print(f"  secondary arms (outside the stopping rule): {panel}")
+        for v in verdicts:
+            print(f"    {v.sentence}")
     return looks
 
 
@@ -382,12 +427,15 @@ def main(argv=None) -> None:
     ap.add_argument("--work", type=Path, default=Path("results/bench/claims"), help="where the runs live")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--cores", type=int, default=1)
+    ap.add_argument("--seeds", type=int, nargs="+", help="run only these of the next batch's seeds this time")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     folder = Path(a.claim) if Path(a.claim).is_dir() else CLAIMS / a.claim
     claim = load_claim(folder)
     while not a.report_only:
         batch = next_batch(claim, recorded(claim))
+        if a.seeds is not None:
+            batch = [s for s in batch if s in a.seeds]
         if not batch:
             break
         print(f"campaign {claim.design.claim}: running seeds {batch}", flush=True)

@@ -4,6 +4,7 @@ boundaries by hand, the decisions at a look, and its error rate under no differe
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 from scipy import stats
 
@@ -216,14 +217,60 @@ def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_p
     assert status["gigpo_s3"]["wall_s"] == 12.5 and status["gigpo_s3"]["iterations"] == [0, 1]
 
 
+def test_secondary_arms_run_on_the_same_seeds_and_are_reported_outside_the_stopping_rule(tmp_path, capsys):
+    """A secondary arm (rloo) runs on every seed of the batch beside the claim's two and is compared with the
+    claim's method on the paired seeds, final success, by hand: seed 0 rloo [0.5, 1.0] against gigpo [0.75, 0.75]
+    (0 points), seed 1 [0.25, 0.25] against [0.75, 0.75] (-50): mean -25; the se adds the seeds' variance 1250 / 2
+    and the panel's (tasks -37.5 and -12.5 averaged over seeds: variance 312.5 over 2 tasks), t with 1 df; all 4
+    sign patterns reach |mean| 25: p = 1. Seed 2's rloo ran on another machine: left out, and said so."""
+    import yaml
+
+    from bench import campaign
+
+    folder = _claim_folder(tmp_path)
+    raw = yaml.safe_load((folder / "design.yaml").read_text())
+    for bad, match in (({"secondary": ["grpo"]}, "secondary arm 'grpo' is not an arm of its own"),
+                       ({"secondary": ["ppo"]}, "secondary arm 'ppo' is not an arm of its own"),
+                       ({"secondary": "rloo"}, "secondary 'rloo'; expected a list")):
+        (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "arms": {**raw["arms"], "rloo": ["rloo"]}, **bad}))
+        with pytest.raises(SystemExit, match=match):
+            campaign.load_claim(folder)
+    (folder / "design.yaml").write_text(yaml.safe_dump({**raw, "arms": {**raw["arms"], "rloo": ["rloo"]},
+                                                        "secondary": ["rloo"]}))
+    claim = campaign.load_claim(folder)
+    assert claim.labels == ("gigpo", "grpo", "rloo")
+    for s in range(3):
+        _record(folder, "gigpo", s, [0.75, 0.75])
+        _record(folder, "grpo", s, [0.5, 0.5])
+    _record(folder, "rloo", 0, [0.5, 1.0])
+    _record(folder, "rloo", 1, [0.25, 0.25])
+    _record(folder, "rloo", 2, [1.0, 1.0], cpu="Intel Xeon")
+    runs = campaign.recorded(claim)
+    assert campaign.next_batch(claim, runs) == list(range(3, 8))
+    del runs[("rloo", 1)]
+    assert campaign.next_batch(claim, runs) == [1, *range(3, 8)]      # a seed missing its secondary arm runs again
+
+    assert campaign.report(claim) == []                                # no look before 8 seeds
+    out = capsys.readouterr().out
+    assert "Left out: rloo seed 2 ran on another machine." in out and "rloo − gigpo" in out
+    row = pl.read_csv(folder / "secondary.csv").filter(pl.col("metric") == "final").row(0, named=True)
+    se = math.sqrt(1250 / 2 + 312.5 / 2)
+    h = stats.t.ppf(0.975, 1) * se
+    assert (row["method"], row["baseline"], row["seeds"], row["primary"]) == ("rloo", "gigpo", 2, True)
+    assert row["diff"] == pytest.approx(-25.0)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((-25.0 - h, -25.0 + h))
+    assert row["p_value"] == 1.0 and row["verdict"] == "undecided"
+
+
 @pytest.mark.parametrize("claim", sorted(p.parent.name for p in CLAIMS.glob("*/design.yaml")))
 def test_every_committed_design_loads_and_its_arms_validate(claim):
     """The designs in docs/data/claims are fixed before their runs: each loads, and both arms' params (the config,
-    the design's overrides, the arm's method and overrides) pass the checks a run makes before any work."""
+    the design's overrides, the arm's method and overrides) pass the checks a run makes before any work, and so do
+    its secondary arms'."""
     from bench.campaign import load_claim
     from pipeline.config.params import check_dependencies, load_params
 
     c = load_claim(CLAIMS / claim)
-    for label in (c.design.method, c.design.baseline):
+    for label in c.labels:
         method, *own = c.arms[label]
         check_dependencies(load_params(c.params, [*c.sets, f"credit.method={method}", *own]), c.params)
