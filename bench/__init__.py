@@ -28,6 +28,12 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def label_seed(name: str) -> tuple[str, int]:
+    """A bench run folder's arm label and seed from its name, `<label>_s<seed>`."""
+    label, _, seed = name.rpartition("_s")
+    return label, int(seed)
+
+
 def open_experiment(root: Path | None = None):
     """(client, experiment id) of the benchmarks' experiment in the repository's MLflow store (`mlflow.db` at the
     repository root, or `CREDITRL_TRACKING_URI`); raises where MLflow is unavailable."""

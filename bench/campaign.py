@@ -54,7 +54,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from bench import cpu_name
+from bench import cpu_name, label_seed
 from bench.verdicts import (
     DELTA,
     Verdict,
@@ -259,9 +259,9 @@ def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
     """The recorded runs: (label, seed) -> (per-task success table, run.json)."""
     out = {}
     for d in sorted((claim.folder / "runs").glob("*_s*")):
-        label, _, seed = d.name.rpartition("_s")
+        label, seed = label_seed(d.name)
         if (d / "task_success.csv").is_file() and (d / "run.json").is_file():
-            out[(label, int(seed))] = (pl.read_csv(d / "task_success.csv"), json.loads((d / "run.json").read_text()))
+            out[(label, seed)] = (pl.read_csv(d / "task_success.csv"), json.loads((d / "run.json").read_text()))
     return out
 
 
@@ -347,9 +347,9 @@ def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int)
     done: set[Path] = set()
 
     def ended(d: Path, error: BaseException | None, wall: float) -> None:
-        label, _, seed = d.name.rpartition("_s")
+        label, seed = label_seed(d.name)
         status = "ok" if error is None and _finished(d) else "crashed"
-        record(claim, label, int(seed), d, status, wall)
+        record(claim, label, seed, d, status, wall)
         done.add(d)
         print(f"campaign {claim.design.claim}: {d.name} {status} in {wall:.0f} s, recorded in "
               f"{claim.folder / 'runs' / d.name}", flush=True)

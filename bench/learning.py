@@ -52,7 +52,7 @@ import polars as pl
 import psutil
 import yaml
 
-from bench import log_run
+from bench import label_seed, log_run
 from bench.verdicts import compare_methods, paired_by_iteration, task_success, verdict_frame
 from pipeline.config.files import read_params
 from pipeline.config.params import METHOD_NAMES, apply_overrides, check_dependencies, flat_keys, load_params
@@ -176,10 +176,7 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
     the next seed's base: a seed's runs finish (and a campaign records them) before the later seeds' bases are
     made. One error naming every run that failed (a run whose base failed among them, not started).
     `on_done(folder, error or None, wall seconds)` as each run ends (a campaign records it at once)."""
-    def seed_of(d: Path) -> int:
-        return int(d.name.rpartition("_s")[2])
-
-    waiting = {s: [d for d in runs if seed_of(d) == s] for s in seeds}
+    waiting = {s: [d for d in runs if label_seed(d.name)[1] == s] for s in seeds}
     bases, ready = list(seeds), []
     building = 0                                           # bases in progress
     failed: dict[Path, BaseException] = {}
@@ -225,7 +222,7 @@ def run_side_by_side(base_run, seeds: list[int], runs: list[Path], jobs: int, co
             with cond:
                 building -= 1
                 ready.extend(waiting[x])                   # the earliest seed's runs come first
-                ready.sort(key=lambda d: seeds.index(seed_of(d)))
+                ready.sort(key=lambda d: seeds.index(label_seed(d.name)[1]))
                 cond.notify_all()
 
     threads = [threading.Thread(target=worker) for _ in range(max(1, jobs))]
