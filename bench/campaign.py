@@ -32,7 +32,7 @@ per seed through `run.base`, on this machine: a pair never spans two machines), 
 `looks.csv`, one row per look reached, the last one's decision the campaign's, and with secondary arms
 `secondary.csv`: each secondary arm against the claim's method on the paired seeds (`bench.verdicts.
 compare_methods`, Holm-corrected across the secondary arms; descriptive: the campaign neither stops nor goes on
-for them).
+for them), and `campaign.png` (`plot`): the arms' curves and the sequential test at a glance.
 
     python -m bench.campaign CLAIM --seeds 0 1                 # only these seeds of the next batch, this time
 """
@@ -393,6 +393,59 @@ def secondary(claim: Claim, runs: dict, seeds: list[int]) -> tuple[list[Verdict]
     return verdicts, " ".join([panel, *([f"Left out: {', '.join(skipped)}."] if skipped else [])])
 
 
+def plot(claim: Claim, runs: dict, seeds: list[int], d: np.ndarray, looks: list[Look], path: Path) -> None:
+    """The campaign at a glance: every arm's learning curve over the paired seeds and each arm minus the baseline
+    on the same seed (`bench.learning.draw_curves`), then the sequential test: each seed's difference in the primary
+    metric in the design's order, their running mean, the boundary on the mean at each look reached, the ±delta
+    band of equivalence, and the looks still to come."""
+    from bench.learning import draw_curves
+    from pipeline.data.figures import pyplot, save_figure
+
+    design = claim.design
+    tables = {(label, s): runs[(label, s)][0] for label in claim.labels for s in seeds if (label, s) in runs}
+    curves = pl.concat([t.group_by("iteration").agg(pl.col("success").mean().alias("success_rate"))
+                        .with_columns(pl.lit(label).alias("method"), pl.lit(s).alias("seed"))
+                        for (label, s), t in tables.items() if t.height]).select(
+        "method", "seed", pl.col("iteration").cast(pl.Int64), "success_rate").sort("method", "seed", "iteration")
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.4), dpi=110)
+    draw_curves(axes[:2], curves, tables, design.baseline)
+    ax = axes[2]
+    n = np.arange(1, len(d) + 1)
+    ax.axhspan(-design.delta, design.delta, color="tab:green", alpha=0.08, label=f"±δ = {design.delta:g} (equivalence)")
+    ax.scatter(n, d, color="tab:gray", zorder=3, label="one seed's difference")
+    for x, s in zip(n, seeds):
+        ax.annotate(f"s{s}", (x, d[x - 1]), textcoords="offset points", xytext=(4, 3), fontsize=7, color="tab:gray")
+    ax.plot(n, np.cumsum(d) / n, color="black", marker=".", label="running mean")
+    labelled = False
+    for x in looks:
+        if math.isfinite(x.boundary):
+            ax.plot([x.seeds] * 2, [-x.boundary, x.boundary], ls="none", marker="_", ms=18, mew=2, color="tab:red",
+                    label=None if labelled else "± the boundary on the mean at a look")
+            ax.annotate(f"±{x.boundary:.2f}", (x.seeds, -x.boundary), textcoords="offset points", xytext=(6, -4),
+                        fontsize=8, color="tab:red")
+            labelled = True
+        else:
+            ax.annotate("no boundary\nwithin the α spent", (x.seeds, 1), xycoords=("data", "axes fraction"),
+                        textcoords="offset points", xytext=(3, -22), fontsize=7, color="tab:red")
+        ax.annotate(x.decision, (x.seeds, x.mean), textcoords="offset points", xytext=(6, 6), fontsize=8,
+                    fontweight="bold")
+    for k in design.looks:
+        ax.axvline(k, color="tab:red", ls=":", lw=0.8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlim(0.5, design.max_seeds + 0.5)
+    ax.set_ylim(1.15 * min(-design.delta, float(d.min())), 1.15 * max(design.delta, float(d.max())))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel(f"seeds paired (looks at {', '.join(map(str, design.looks))}: dotted)")
+    metric = "final" if design.metric == "final" else "mean over the unshared iterations"
+    ax.set_ylabel(f"{design.method} − {design.baseline}, {metric} (points)")
+    ax.set_title(f"The sequential test: {looks[-1].decision if looks else 'before the first look'}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{design.claim}: {len(seeds)} of {design.max_seeds} seeds paired")
+    save_figure(fig, path)
+
+
 def report(claim: Claim, estimate: bool = True) -> list[Look]:
     runs = recorded(claim)
     seeds, d = differences(claim, runs)
@@ -411,6 +464,8 @@ def report(claim: Claim, estimate: bool = True) -> list[Look]:
         print(f"  look at {x.seeds} seeds: mean {x.mean:+.1f} points, boundary {x.boundary:.2f}, alpha spent "
               f"{x.alpha_spent:.4f}, equivalence p {x.p_equivalence:.3f}: {x.decision}"
               + (f" (about {x.seeds_to_decide} seeds expected to decide)" if x.seeds_to_decide else ""))
+    if seeds:
+        plot(claim, runs, seeds, d, looks, claim.folder / "campaign.png")
     if claim.secondary and seeds:
         verdicts, panel = secondary(claim, runs, seeds)
         if verdicts:

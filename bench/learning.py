@@ -432,12 +432,19 @@ def plot(curves: pl.DataFrame, path: Path, tasks: dict | None = None, baseline: 
 
     paired = baseline in curves["method"].to_list() and curves["method"].n_unique() > 1
     fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(12 if paired else 7, 4), dpi=120, squeeze=False)
-    ax = axes[0][0]
+    draw_curves(axes[0], curves, tasks, baseline if paired else None)
+    save_figure(fig, path)
+
+
+def draw_curves(axes, curves: pl.DataFrame, tasks: dict | None, baseline: str | None) -> dict:
+    """On `axes[0]` the mean learning curve of each method over its seeds with their spread (`curve_bands`); with
+    a `baseline`, on `axes[1]` each other method minus it on the same seed (`diff_bands`). Returns the colours."""
+    ax = axes[0]
     colors = mean_curves(ax, curves, "method", lambda method, n: f"{method} (n={n})", tasks)
     ax.set_title("Learning curves: mean over seeds, with their spread")
-    if paired:
+    if baseline is not None:
         # the seeds differ far more than the methods do; the difference to the baseline on the same seed removes that
-        ax = axes[0][1]
+        ax = axes[1]
         diff = diff_bands(curves, baseline, tasks)
         for method in [m for m in colors if m != baseline]:
             d = diff.filter(pl.col("method") == method)
@@ -451,7 +458,7 @@ def plot(curves: pl.DataFrame, path: Path, tasks: dict | None = None, baseline: 
         ax.set_title(f"Paired with {baseline} on the same seed")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    save_figure(fig, path)
+    return colors
 
 
 def task_tables(work: Path, methods: list[str], seeds: list[int]) -> dict[tuple[str, int], pl.DataFrame]:

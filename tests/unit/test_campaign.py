@@ -121,7 +121,7 @@ def test_a_campaign_resumes_from_its_records_and_asks_for_the_next_look(tmp_path
     assert next_batch(claim, runs) == [8, 9, 10, 11]
     looks = report(claim)
     assert [x.decision for x in looks] == ["continue"] and looks[0].boundary == pytest.approx(25.0)
-    assert (folder / "looks.csv").is_file()
+    assert (folder / "looks.csv").is_file() and (folder / "campaign.png").stat().st_size > 10_000
     for s in (6, 7):
         shutil.rmtree(folder / "runs" / f"gigpo_s{s}")
         _record(folder, "gigpo", s, [0.75, 0.75])
