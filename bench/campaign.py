@@ -378,8 +378,8 @@ def _finished(run_dir: Path) -> bool:
 
 def secondary(claim: Claim, runs: dict, seeds: list[int]) -> tuple[list[Verdict], str]:
     """Each secondary arm against the claim's method on `seeds` (the paired ones), where both ran on one machine:
-    `compare_methods` with the method as the baseline (so each reads arm − method), Holm-corrected across the
-    secondary arms, the design's metric primary; and a sentence on the panel and any seed left out."""
+    `compare_methods` with the method as the baseline, reversed (each reads method − arm), Holm-corrected across
+    the secondary arms, the design's metric primary; and a sentence on the panel and any seed left out."""
     method = claim.design.method
     tables, skipped = {}, []
     for label in claim.secondary:
@@ -389,7 +389,7 @@ def secondary(claim: Claim, runs: dict, seeds: list[int]) -> tuple[list[Verdict]
                 skipped.append(f"{label} seed {s} " + ("not recorded" if a is None else "ran on another machine"))
                 continue
             tables[(label, s)], tables[(method, s)] = a[0], m[0]
-    verdicts, panel = compare_methods(tables, method, claim.design.metric, claim.design.delta)
+    verdicts, panel = compare_methods(tables, method, claim.design.metric, claim.design.delta, reverse=True)
     return verdicts, " ".join([panel, *([f"Left out: {', '.join(skipped)}."] if skipped else [])])
 
 

@@ -340,11 +340,12 @@ def seed_pair(ma: np.ndarray, mb: np.ndarray, its: list[int]) -> tuple[np.ndarra
 
 
 def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str, primary: str = "auc",
-                    delta: float = DELTA) -> tuple[list[Verdict], str]:
+                    delta: float = DELTA, reverse: bool = False) -> tuple[list[Verdict], str]:
     """Every method against `baseline` on the seeds both ran, from each run's `task_success` table (keyed by
     (method, seed)); returns the verdicts (a final and a mean-over-iterations one per method, `primary` the
     primary metric, each family Holm-corrected) and a sentence on the panel they were paired on, with a warning
     for every seed whose final iteration is not one of its runs' last, or that shares no evaluated iteration.
+    `reverse`: each verdict reads `baseline` − method (one method compared with several others).
 
     A task enters the panel when every run played it at every iteration it evaluated; each seed's pair is read at
     the iterations both of its runs evaluated."""
@@ -382,6 +383,8 @@ def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str, 
             if last != {its[-1]}:
                 warnings.append(f"seed {s}: {m} against {baseline} is final at iteration {its[-1]}, the last both "
                                 f"evaluated; the runs end at {' and '.join(map(str, sorted(last)))}.")
+            if reverse:
+                a, b = b, a
             f, u, span = seed_pair(matrix(a, its), matrix(b, its), its)
             final.append(f)
             auc.append(u)
@@ -395,10 +398,10 @@ def compare_methods(tables: dict[tuple[str, int], pl.DataFrame], baseline: str, 
         rows = [f for f in found if (f[1] == primary) == fam]
         d = [np.array([x.mean() for x in per]) * 100.0 for _, _, per, _ in rows]
         adjusted = holm([sign_flip_p(x) for x in d]) if len(rows) > 1 else [None] * len(rows)
-        out += [verdict(m, baseline, metric, per, p_adjusted=adj, primary=fam, delta=delta, iterations=its)
-                for (m, metric, per, its), adj in zip(rows, adjusted)]
+        out += [verdict(*((baseline, m) if reverse else (m, baseline)), metric, per, p_adjusted=adj, primary=fam,
+                        delta=delta, iterations=its) for (m, metric, per, its), adj in zip(rows, adjusted)]
     order = {(m, metric): i for i, (m, metric, _, _) in enumerate(found)}
-    out.sort(key=lambda v: order[(v.method, v.metric)])
+    out.sort(key=lambda v: order[(v.baseline if reverse else v.method, v.metric)])
     return out, " ".join([panel, *warnings])
 
 

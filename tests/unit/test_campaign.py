@@ -218,10 +218,10 @@ def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_p
 
 
 def test_secondary_arms_run_on_the_same_seeds_and_are_reported_outside_the_stopping_rule(tmp_path, capsys):
-    """A secondary arm (rloo) runs on every seed of the batch beside the claim's two and is compared with the
-    claim's method on the paired seeds, final success, by hand: seed 0 rloo [0.5, 1.0] against gigpo [0.75, 0.75]
-    (0 points), seed 1 [0.25, 0.25] against [0.75, 0.75] (-50): mean -25; the se adds the seeds' variance 1250 / 2
-    and the panel's (tasks -37.5 and -12.5 averaged over seeds: variance 312.5 over 2 tasks), t with 1 df; all 4
+    """A secondary arm (rloo) runs on every seed of the batch beside the claim's two and the claim's method is
+    compared with it on the paired seeds, final success, by hand: seed 0 gigpo [0.75, 0.75] against rloo [0.5, 1.0]
+    (0 points), seed 1 [0.75, 0.75] against [0.25, 0.25] (+50): mean +25; the se adds the seeds' variance 1250 / 2
+    and the panel's (tasks +37.5 and +12.5 averaged over seeds: variance 312.5 over 2 tasks), t with 1 df; all 4
     sign patterns reach |mean| 25: p = 1. Seed 2's rloo ran on another machine: left out, and said so."""
     import yaml
 
@@ -252,13 +252,13 @@ def test_secondary_arms_run_on_the_same_seeds_and_are_reported_outside_the_stopp
 
     assert campaign.report(claim) == []                                # no look before 8 seeds
     out = capsys.readouterr().out
-    assert "Left out: rloo seed 2 ran on another machine." in out and "rloo − gigpo" in out
+    assert "Left out: rloo seed 2 ran on another machine." in out and "gigpo − rloo" in out
     row = pl.read_csv(folder / "secondary.csv").filter(pl.col("metric") == "final").row(0, named=True)
     se = math.sqrt(1250 / 2 + 312.5 / 2)
     h = stats.t.ppf(0.975, 1) * se
-    assert (row["method"], row["baseline"], row["seeds"], row["primary"]) == ("rloo", "gigpo", 2, True)
-    assert row["diff"] == pytest.approx(-25.0)
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx((-25.0 - h, -25.0 + h))
+    assert (row["method"], row["baseline"], row["seeds"], row["primary"]) == ("gigpo", "rloo", 2, True)
+    assert row["diff"] == pytest.approx(25.0)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((25.0 - h, 25.0 + h))
     assert row["p_value"] == 1.0 and row["verdict"] == "undecided"
 
 
