@@ -414,21 +414,21 @@ def plot(claim: Claim, runs: dict, seeds: list[int], d: np.ndarray, looks: list[
     n = np.arange(1, len(d) + 1)
     ax.axhspan(-design.delta, design.delta, color="tab:green", alpha=0.08, label=f"±δ = {design.delta:g} (equivalence)")
     ax.scatter(n, d, color="tab:gray", zorder=3, label="one seed's difference")
-    for x, s in zip(n, seeds):
-        ax.annotate(f"s{s}", (x, d[x - 1]), textcoords="offset points", xytext=(4, 3), fontsize=7, color="tab:gray")
+    for k, s in zip(n, seeds):
+        ax.annotate(f"s{s}", (k, d[k - 1]), textcoords="offset points", xytext=(4, 3), fontsize=7, color="tab:gray")
     ax.plot(n, np.cumsum(d) / n, color="black", marker=".", label="running mean")
     labelled = False
-    for x in looks:
-        if math.isfinite(x.boundary):
-            ax.plot([x.seeds] * 2, [-x.boundary, x.boundary], ls="none", marker="_", ms=18, mew=2, color="tab:red",
-                    label=None if labelled else "± the boundary on the mean at a look")
-            ax.annotate(f"±{x.boundary:.2f}", (x.seeds, -x.boundary), textcoords="offset points", xytext=(6, -4),
-                        fontsize=8, color="tab:red")
+    for look in looks:
+        if math.isfinite(look.boundary):
+            ax.plot([look.seeds] * 2, [-look.boundary, look.boundary], ls="none", marker="_", ms=18, mew=2,
+                    color="tab:red", label=None if labelled else "± the boundary on the mean at a look")
+            ax.annotate(f"±{look.boundary:.2f}", (look.seeds, -look.boundary), textcoords="offset points",
+                        xytext=(6, -4), fontsize=8, color="tab:red")
             labelled = True
         else:
-            ax.annotate("no boundary\nwithin the α spent", (x.seeds, 1), xycoords=("data", "axes fraction"),
+            ax.annotate("no boundary\nwithin the α spent", (look.seeds, 1), xycoords=("data", "axes fraction"),
                         textcoords="offset points", xytext=(3, -22), fontsize=7, color="tab:red")
-        ax.annotate(x.decision, (x.seeds, x.mean), textcoords="offset points", xytext=(6, 6), fontsize=8,
+        ax.annotate(look.decision, (look.seeds, look.mean), textcoords="offset points", xytext=(6, 6), fontsize=8,
                     fontweight="bold")
     for k in design.looks:
         ax.axvline(k, color="tab:red", ls=":", lw=0.8)
