@@ -158,16 +158,6 @@ class VllmSettings(Section):
                                  "reuses it for later prompts that start alike (the system text, a task group's "
                                  "state); vLLM's own default on a GPU and on this CPU (docs/models.md, Rollout "
                                  "engines)")
-    compile: bool | None = Field(None, description="on a CPU, vLLM runs its model compiled by torch.compile "
-                                 "(inductor, cached on disk across stages) instead of eagerly: sampling about 1.5x "
-                                 "faster in bf16 and 1.3x in fp32, for about 10 s more start a stage once the cache "
-                                 "is warm (40 s the first time on a machine); null: on for a model from policy.path, "
-                                 "off for the tiny default, whose stages are too short to pay. A GPU always compiles "
-                                 "(vLLM's default) (docs/models.md, Rollout engines)")
-
-    def compiles(self, policy: PolicyConfig) -> bool:
-        """Whether vLLM compiles its model on a CPU under `policy` (`compile`, or its default)."""
-        return self.compile if self.compile is not None else policy.path is not None
 
 
 class BranchingSettings(Section):

@@ -121,25 +121,19 @@ class VLLMSampler:
             # the engine core and its worker in this process: vLLM's default starts two more, each importing torch
             # and vLLM and each waited for at exit (docs/models.md, One process on a CPU); 1 restores them
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            # vLLM 0.32's ahead-of-time compiled artefact fails to load again on this torch ("'function' object
-            # has no attribute 'finalize_loading'") and recompiles every stage (40 s); its older cache (Dynamo's
-            # trace, inductor's kernels) loads, at 10 s a start
-            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         self.per_request_seed = device.type == "cuda"
         share = cfg.gpu_memory_utilization or (0.85 if device.type == "cuda" else 0.2)
         set_threads = torch.set_num_threads
         try:
             self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=params.policy.dtype, seed=engine_seed,
-                           enforce_eager=device.type == "cpu" and not cfg.compiles(params.policy),
-                           gpu_memory_utilization=share,
+                           enforce_eager=device.type == "cpu", gpu_memory_utilization=share,
                            max_model_len=cfg.max_model_len, logprobs_mode="processed_logprobs",
                            generation_config="vllm", enable_prefix_caching=cfg.prefix_caching, **lora_args)
         finally:
             torch.set_num_threads = set_threads   # vLLM's CPU worker stubs it out in the process it runs in
         # what the engine does, whatever was asked (vLLM turns it off on some platforms and models)
         self.prefix_caching = bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
-        mode = "eager" if self.llm.llm_engine.vllm_config.model_config.enforce_eager else "compiled"
-        self.label = f"vllm, prefix caching {'on' if self.prefix_caching else 'off'}, {mode}"
+        self.label = f"vllm, prefix caching {'on' if self.prefix_caching else 'off'}"
 
     def __call__(self, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
                  seed: int | list[int], entropy: EntropySpec | None = None) -> list[Generation]:

@@ -36,11 +36,6 @@ def test_default_params_file_is_valid_and_matches_schema_defaults():
     assert (p.warmstart.steps_for(p.policy), p.warmstart.lr_for(p.policy)) == (800, 2e-3)
     real = p.policy.model_copy(update={"path": "models/x.gguf"})
     assert (Params().warmstart.steps_for(real), Params().warmstart.lr_for(real)) == (0, 1e-5)
-    # vLLM compiles a real model on a CPU, not the tiny one, unless told
-    vllm = Params().rollout.vllm
-    assert (vllm.compiles(p.policy), vllm.compiles(real)) == (False, True)
-    assert vllm.model_copy(update={"compile": True}).compiles(p.policy)
-    assert not vllm.model_copy(update={"compile": False}).compiles(real)
     warmstart = p.warmstart.model_copy(update={"steps": None, "lr": None})
     assert p.model_copy(update={"credit": credit, "warmstart": warmstart}) == Params()
 
