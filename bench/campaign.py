@@ -35,6 +35,13 @@ compare_methods`, Holm-corrected across the secondary arms; descriptive: the cam
 for them), and `campaign.png` (`plot`): the arms' curves and the sequential test at a glance.
 
     python -m bench.campaign CLAIM --seeds 0 1                 # only these seeds of the next batch, this time
+
+Claims that start from one config (the same `params`, `sets` and `shared_through`) run together: `python -m
+bench.campaign CLAIM CLAIM ...` makes each seed's base once and each distinct arm (the same credit method and
+overrides) once, and records that run under every claim that has the arm (`run.json`'s `shared_with` names the
+others). GiGPO and OPRL against GRPO on Sokoban then run three arms a seed, not four; the three SQL claims four
+runs, not six. A shared baseline arm correlates the claims' verdicts; each claim's own error rate is unchanged
+(docs/statistics.md, Campaigns). A claim already decided drops out and its arms stop running for it.
 """
 
 from __future__ import annotations
@@ -298,8 +305,10 @@ def _matrix(t: pl.DataFrame, its: list[int], tasks: list) -> np.ndarray:
     return m
 
 
-def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall_s: float) -> None:
-    """Copy a finished (or crashed) run's per-task success, params and provenance into the claim's folder."""
+def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall_s: float,
+           shared_with: list[str] = ()) -> None:
+    """Copy a finished (or crashed) run's per-task success, params and provenance into the claim's folder
+    (`shared_with`: the other claims the same run is recorded under)."""
     from pipeline.model.precision import cpu_bf16_flags  # start-up cost: torch, for a run being recorded
 
     results = run_dir / "results"
@@ -318,7 +327,7 @@ def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall
     (tmp / "run.json").write_text(json.dumps({
         "status": status, "cpu": cpu_name(), "bf16_flags": cpu_bf16_flags(),
         "machine": platform.node(), "commit": commit, "wall_s": round(wall_s, 1),
-        "iterations": its}, indent=1) + "\n")
+        "iterations": its, **({"shared_with": list(shared_with)} if shared_with else {})}, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -336,35 +345,94 @@ def next_batch(claim: Claim, runs: dict) -> list[int]:
     return [s for s in design.seeds[:target] if any((label, s) not in runs for label in claim.labels)]
 
 
-def run_batch(claim: Claim, seeds: list[int], work: Path, jobs: int, cores: int) -> None:
-    """Every arm of every seed in `seeds` (bench.learning's runs from one initial policy per seed), each recorded
-    the moment it ends, crashed or not (commit them as they land: the next session may be on another machine); a
-    run that never started (its seed's base run failed) is recorded as crashed when the batch ends."""
+def together(claims: list[Claim]) -> None:
+    """Claims run together share each seed's base run, so they must start from one config: the same params file,
+    overrides and `shared_through` (one clear error naming the two claims and the key)."""
+    first = claims[0]
+    for c in claims[1:]:
+        for key, a, b in (("params", first.params, c.params), ("sets", first.sets, c.sets),
+                          ("shared_through", first.shared_through, c.shared_through)):
+            if a != b:
+                raise SystemExit(f"error: claims {first.design.claim} and {c.design.claim} differ in {key} ({a!r}, "
+                                 f"{b!r}); claims run together share each seed's base run: run them one at a time")
+    names = [c.design.claim for c in claims]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"error: claims {names}: one claim named twice")
+
+
+def shared_runs(claims: list[Claim]) -> dict[str, tuple[str, list[str], list[tuple[Claim, str]]]]:
+    """The distinct arms of `claims`: run label -> (credit method, overrides, [(claim, its label for the arm)]).
+    Two claims' arms are one run where their method and overrides are the same; a run takes the first claim's label
+    for it, or, where another arm already holds that label, `<claim>.<label>`."""
+    runs: dict[str, tuple[str, list[str], list[tuple[Claim, str]]]] = {}
+    by_spec: dict[tuple, str] = {}
+    for c in claims:
+        for label in c.labels:
+            method, *own = c.arms[label]
+            spec = (method, tuple(own))
+            name = by_spec.get(spec)
+            if name is None:
+                name = label if label not in runs else f"{c.design.claim}.{label}"
+                by_spec[spec] = name
+                runs[name] = (method, list(own), [])
+            runs[name][2].append((c, label))
+    return runs
+
+
+def run_batch(claims: list[Claim], seeds: list[int], work: Path, jobs: int, cores: int) -> None:
+    """Every arm of every claim in `claims` (which need the same `seeds`; `together`) for every seed:
+    bench.learning's runs from one initial policy per seed, each distinct arm run once (`shared_runs`) and
+    recorded under every claim that has it the moment it ends, crashed or not (commit them as they land: the next
+    session may be on another machine); a run that never started (its seed's base run failed) is recorded as
+    crashed when the batch ends."""
     from bench import learning
 
-    arms = {label: (claim.arms[label][0], list(claim.arms[label][1:])) for label in claim.labels}
+    together(claims)
+    shared = shared_runs(claims)
+    arms = {name: (method, own) for name, (method, own, _) in shared.items()}
     started = time.perf_counter()
     done: set[Path] = set()
 
-    def ended(d: Path, error: BaseException | None, wall: float) -> None:
-        label, seed = label_seed(d.name)
-        status = "ok" if error is None and _finished(d) else "crashed"
-        record(claim, label, seed, d, status, wall)
-        done.add(d)
-        print(f"campaign {claim.design.claim}: {d.name} {status} in {wall:.0f} s, recorded in "
-              f"{claim.folder / 'runs' / d.name}", flush=True)
+    def record_all(d: Path, status: str, wall: float) -> None:
+        name, seed = label_seed(d.name)
+        users = shared[name][2]
+        for c, label in users:
+            others = [o.design.claim for o, _ in users if o is not c]
+            record(c, label, seed, d, status, wall, shared_with=others)
+            print(f"campaign {c.design.claim}: {d.name} {status} in {wall:.0f} s, recorded in "
+                  f"{c.folder / 'runs' / f'{label}_s{seed}'}", flush=True)
 
+    def ended(d: Path, error: BaseException | None, wall: float) -> None:
+        record_all(d, "ok" if error is None and _finished(d) else "crashed", wall)
+        done.add(d)
+
+    first = claims[0]
     try:
-        learning.run_all(claim.params, [], seeds, work, jobs, cores, list(claim.sets), arms, claim.shared_through,
+        learning.run_all(first.params, [], seeds, work, jobs, cores, list(first.sets), arms, first.shared_through,
                          on_done=ended)
     except RuntimeError as e:            # some runs failed: they are recorded as crashed, and count
         print(f"campaign: {e}", flush=True)
     wall = time.perf_counter() - started
     for s in seeds:
-        for label in arms:
-            d = work / f"{label}_s{s}"
+        for name in arms:
+            d = work / f"{name}_s{s}"
             if d not in done:
-                record(claim, label, s, d, "ok" if _finished(d) else "crashed", wall)
+                record_all(d, "ok" if _finished(d) else "crashed", wall)
+
+
+def plan(claims: list[Claim], batches: dict[str, list[int]]) -> list[tuple[list[Claim], list[int]]]:
+    """The batches of claims run together: each seed some claim's next look needs, with the claims that need it
+    (their arms run from one base of that seed); seeds needed by the same claims form one batch, in the order
+    the first claim lists its seeds."""
+    order: list[int] = []
+    for c in claims:
+        order += [s for s in batches[c.design.claim] if s not in order]
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for s in order:
+        key = tuple(c.design.claim for c in claims if s in batches[c.design.claim])
+        groups.setdefault(key, []).append(s)
+    by_name = {c.design.claim: c for c in claims}
+    return [([by_name[n] for n in key], seeds) for key, seeds in groups.items()]
 
 
 def _finished(run_dir: Path) -> bool:
@@ -478,25 +546,34 @@ def report(claim: Claim, estimate: bool = True) -> list[Look]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("claim", help="a folder under docs/data/claims/ (or a path to one)")
+    ap.add_argument("claims", nargs="+", metavar="claim",
+                    help="a folder under docs/data/claims/ (or a path to one); several start from one config and "
+                         "share their seeds' base runs and common arms")
     ap.add_argument("--work", type=Path, default=Path("results/bench/claims"), help="where the runs live")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--cores", type=int, default=1)
     ap.add_argument("--seeds", type=int, nargs="+", help="run only these of the next batch's seeds this time")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
-    folder = Path(a.claim) if Path(a.claim).is_dir() else CLAIMS / a.claim
-    claim = load_claim(folder)
+    claims = [load_claim(Path(c) if Path(c).is_dir() else CLAIMS / c) for c in a.claims]
+    together(claims)
+    work = a.work / "+".join(c.design.claim for c in claims)
     while not a.report_only:
-        batch = next_batch(claim, recorded(claim))
-        if a.seeds is not None:
-            batch = [s for s in batch if s in a.seeds]
-        if not batch:
+        batches = {}
+        for c in claims:
+            batch = next_batch(c, recorded(c))
+            batches[c.design.claim] = [s for s in batch if a.seeds is None or s in a.seeds]
+        steps = plan(claims, batches)
+        if not steps:
             break
-        print(f"campaign {claim.design.claim}: running seeds {batch}", flush=True)
-        run_batch(claim, batch, a.work / claim.design.claim, a.jobs, a.cores)
-        report(claim, estimate=False)
-    report(claim)
+        for group, seeds in steps:
+            names = ", ".join(c.design.claim for c in group)
+            print(f"campaign {names}: running seeds {seeds}", flush=True)
+            run_batch(group, seeds, work, a.jobs, a.cores)
+        for c in claims:
+            report(c, estimate=False)
+    for c in claims:
+        report(c)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_p
     claim = campaign.load_claim(folder)
     (tmp_path / "b").mkdir()
     assert claim.shared_through == 0 and campaign.load_claim(_claim_folder(tmp_path / "b")).shared_through == 1
-    campaign.run_batch(claim, [3, 4], tmp_path / "work", jobs=2, cores=1)
+    campaign.run_batch([claim], [3, 4], tmp_path / "work", jobs=2, cores=1)
     (_, _, seeds, _, _, _, sets, arms, through), = calls
     assert seeds == [3, 4] and sets == ["loop.iterations=1"] and through == 0
     assert arms == {"gigpo": ("gigpo", []), "grpo": ("grpo", [])}          # not the third arm
@@ -215,6 +215,83 @@ def test_a_batch_runs_both_arms_from_one_base_sharing_what_the_design_says(tmp_p
     assert {k: v["status"] for k, v in status.items()} == {"gigpo_s3": "ok", "grpo_s3": "crashed",
                                                            "gigpo_s4": "crashed", "grpo_s4": "crashed"}
     assert status["gigpo_s3"]["wall_s"] == 12.5 and status["gigpo_s3"]["iterations"] == [0, 1]
+
+
+def _second_claim(tmp_path, name, arms, **extra):
+    import yaml
+
+    folder = tmp_path / name
+    folder.mkdir()
+    method, baseline = arms
+    (folder / "design.yaml").write_text(yaml.safe_dump({
+        "claim": name, "method": method, "baseline": baseline, "metric": "auc", "looks": [8, 12],
+        "params": "params.yaml", "arms": arms, **extra}))
+    return folder
+
+
+def test_claims_from_one_config_share_each_seeds_base_and_their_common_arms(tmp_path, monkeypatch):
+    """GiGPO against GRPO and OPRL against GRPO on one config: three runs a seed, not four. The GRPO run is
+    recorded under both claims, each naming the other in `shared_with`; a third claim whose arm is labelled
+    `grpo` but runs other overrides gets a run of its own, `<claim>.grpo`. Claims that start from different
+    configs are refused before any run."""
+    import json
+
+    import polars as pl
+    import yaml
+
+    from bench import campaign, learning
+
+    a = campaign.load_claim(_claim_folder(tmp_path))
+    b = campaign.load_claim(_second_claim(tmp_path, "oprl", {"oprl": ["oprl"], "grpo": ["grpo"]}))
+    c = campaign.load_claim(_second_claim(tmp_path, "kl", {"gigpo": ["gigpo"], "grpo": ["grpo", "update.kl_coef=0"]}))
+    runs = campaign.shared_runs([a, b, c])
+    assert {k: (m, o, [(x.design.claim, lab) for x, lab in u]) for k, (m, o, u) in runs.items()} == {
+        "gigpo": ("gigpo", [], [("gigpo-sokoban", "gigpo"), ("kl", "gigpo")]),
+        "grpo": ("grpo", [], [("gigpo-sokoban", "grpo"), ("oprl", "grpo")]),
+        "oprl": ("oprl", [], [("oprl", "oprl")]),
+        "kl.grpo": ("grpo", ["update.kl_coef=0"], [("kl", "grpo")])}
+
+    calls = []
+
+    def fake_run_all(*args, on_done):
+        calls.append(args)
+        for name in args[7]:
+            d = args[3] / f"{name}_s0"
+            for it in (0, 1):
+                (d / "results" / f"iter_{it}").mkdir(parents=True)
+                (d / "results" / f"iter_{it}" / "eval.parquet").write_bytes(b"")
+            (d / "params.yaml").write_text(yaml.safe_dump({"loop": {"iterations": 1}}))
+            on_done(d, None, 10.0)
+
+    monkeypatch.setattr(learning, "run_all", fake_run_all)
+    monkeypatch.setattr(campaign, "evaluated_iterations", lambda results: [0, 1])
+    monkeypatch.setattr(campaign, "task_success", lambda results, its: pl.DataFrame(
+        {"iteration": its, "task_id": [5] * len(its), "success": [0.5] * len(its)}))
+    campaign.run_batch([a, b], [0], tmp_path / "work", jobs=2, cores=1)
+    (_, _, seeds, _, _, _, _, arms, _), = calls
+    assert seeds == [0] and arms == {"gigpo": ("gigpo", []), "grpo": ("grpo", []), "oprl": ("oprl", [])}
+    runs_json = {f"{x.design.claim}/{d.name}": json.loads((d / "run.json").read_text())
+                 for x in (a, b) for d in sorted((x.folder / "runs").iterdir())}
+    assert {k: (v["status"], v.get("shared_with")) for k, v in runs_json.items()} == {
+        "gigpo-sokoban/gigpo_s0": ("ok", None), "gigpo-sokoban/grpo_s0": ("ok", ["oprl"]),
+        "oprl/grpo_s0": ("ok", ["gigpo-sokoban"]), "oprl/oprl_s0": ("ok", None)}
+
+    other = _second_claim(tmp_path, "sql", {"gigpo": ["gigpo"], "grpo": ["grpo"]}, sets=["loop.iterations=1"])
+    with pytest.raises(SystemExit, match=r"claims gigpo-sokoban and sql differ in sets \(\(\), \('loop.iterations=1',\)\)"):
+        campaign.together([a, campaign.load_claim(other)])
+
+
+def test_seeds_needed_by_the_same_claims_form_one_batch(tmp_path):
+    """Seeds 0-2 are needed by both claims and run from one base each; seeds 3-4 only by the second, which runs
+    them alone; the order is the first claim's."""
+    from bench import campaign
+
+    a = campaign.load_claim(_claim_folder(tmp_path))
+    b = campaign.load_claim(_second_claim(tmp_path, "oprl", {"oprl": ["oprl"], "grpo": ["grpo"]}))
+    steps = campaign.plan([a, b], {"gigpo-sokoban": [2, 0, 1], "oprl": [0, 1, 2, 3, 4]})
+    assert [([c.design.claim for c in cs], seeds) for cs, seeds in steps] == [
+        (["gigpo-sokoban", "oprl"], [2, 0, 1]), (["oprl"], [3, 4])]
+    assert campaign.plan([a, b], {"gigpo-sokoban": [], "oprl": []}) == []
 
 
 def test_secondary_arms_run_on_the_same_seeds_and_are_reported_outside_the_stopping_rule(tmp_path, capsys):
