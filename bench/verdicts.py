@@ -299,13 +299,14 @@ def evaluated_iterations(results: Path) -> list[int]:
 
 def task_success(results: Path, iterations: list[int] | None = None) -> pl.DataFrame:
     """Held-out success per task and iteration of a run (`iter_<i>/eval.parquet`; every evaluated iteration by
-    default): columns iteration, task_id, success (the task's success rate over its episodes)."""
+    default): columns iteration, task_id, success (the task's success rate over its episodes), sorted by iteration
+    and task, so that a table written from it is the same file each time."""
     if iterations is None:
         iterations = evaluated_iterations(results)
     frames = [read_table(results / f"iter_{it}" / "eval.parquet", EVAL_EPISODES)
               .group_by("task_id").agg(pl.col("success").cast(pl.Float64).mean())
               .with_columns(pl.lit(it).alias("iteration")) for it in iterations]
-    return pl.concat(frames).select("iteration", "task_id", "success")
+    return pl.concat(frames).select("iteration", "task_id", "success").sort("iteration", "task_id")
 
 
 def shared_iterations(a: np.ndarray, b: np.ndarray, iterations: list[int]) -> int:

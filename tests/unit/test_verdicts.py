@@ -196,3 +196,21 @@ def test_two_runs_and_one_runs_gain_are_paired_by_task_at_every_iteration():
     assert pair["iteration"].to_list() == [0, 1] and pair["tasks"].to_list() == [2, 2]
     assert pair["diff"].to_list() == pytest.approx([-25.0, 50.0])
     assert paired_by_iteration(table({1: [1.0]})).height == 0          # no iteration 0: no gain to pair
+
+
+def test_a_runs_task_success_is_each_tasks_rate_sorted_by_iteration_and_task(tmp_path):
+    """Two evaluations of three tasks, episodes written in shuffled order: each task's rate over its episodes (task
+    7: 1 of 2, task 3: 2 of 2, task 5: 0 of 1 at iteration 0), one row per iteration and task in sorted order, so a
+    recorded table is the same file whichever order the rows were grouped in."""
+    from bench.verdicts import task_success
+    from pipeline.data import tables
+
+    for it, rows in ((0, [(7, True), (3, True), (5, False), (7, False), (3, True)]),
+                     (2, [(5, True), (3, False), (7, True)])):
+        (tmp_path / f"iter_{it}").mkdir()
+        tables.write_table(pl.DataFrame({
+            "iteration": [it] * len(rows), "task_id": [t for t, _ in rows], "episode_return": [1.0] * len(rows),
+            "episode_length": [3] * len(rows), "success": [ok for _, ok in rows], "invalid_turns": [0] * len(rows),
+            "optimal_moves": [None] * len(rows)}), tmp_path / f"iter_{it}" / "eval.parquet", tables.EVAL_EPISODES)
+    got = task_success(tmp_path, [0, 2])
+    assert got.rows() == [(0, 3, 1.0), (0, 5, 0.0), (0, 7, 0.5), (2, 3, 0.0), (2, 5, 1.0), (2, 7, 1.0)]
