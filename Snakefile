@@ -24,7 +24,7 @@ PY = sys.executable
 
 
 onstart:
-    forkserver.start(P.runtime.fork_server)   # runtime.fork_server: torch imported once, every stage a fork
+    forkserver.start(P.runtime.fork_server, P.runtime.allocator)   # torch imported once, every stage a fork
 
 
 onsuccess:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config import allocator
 from pipeline.config.params import ParamsError, check_dependencies, load_params
 from pipeline.data.paths import at, fill, strip_dir
 from pipeline.data.tables import TableError
@@ -83,7 +84,8 @@ def parse_args(stage: str, per_iteration: bool, argv: list[str] | None = None, o
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
     ctx = StageContext(params, args.params, it, stage, started, args, requested, why)
-    ctx.log(f"{n} threads (runtime.torch_threads {params.runtime.torch_threads})")
+    ctx.log(f"{n} threads (runtime.torch_threads {params.runtime.torch_threads}), {allocator.loaded()}'s malloc "
+            f"(runtime.allocator {params.runtime.allocator})")
     if requested == "auto" and params.policy.dtype != "auto":
         ctx.log(f"computing in {params.policy.dtype} ({why})")
     return ctx

@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.config.allocator import environ
 from pipeline.workflow.launcher import ENV, recv, send
 from pipeline.workflow.registry import STAGES
 
@@ -43,10 +44,11 @@ from pipeline.workflow.registry import STAGES
 _server: dict = {}
 
 
-def start(enabled: bool, timeout: float = 120.0, cwd: str | Path | None = None) -> None:
+def start(enabled: bool, allocator: str = "auto", timeout: float = 120.0, cwd: str | Path | None = None) -> None:
     """Start the server for this workflow run (`runtime.fork_server`), importing the code that `python -m` finds
-    in `cwd` (default: this process's), and export its socket to the jobs; a server that does not come up in
-    `timeout` seconds is reported and the jobs run as plain processes."""
+    in `cwd` (default: this process's), with the memory allocator `allocator` (`runtime.allocator`: its forks run
+    the stages), and export its socket to the jobs; a server that does not come up in `timeout` seconds is
+    reported and the jobs run as plain processes."""
     if not enabled or _server:
         return
     # a Unix socket's path holds at most 107 bytes: a short folder, whatever TMPDIR says
@@ -54,7 +56,8 @@ def start(enabled: bool, timeout: float = 120.0, cwd: str | Path | None = None) 
     path, log = folder / "socket", folder / "server.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.workflow.forkserver", str(path), str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd=cwd)
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, cwd=cwd,
+                                env=environ(allocator))
     deadline = time.monotonic() + timeout
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

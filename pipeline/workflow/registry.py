@@ -413,7 +413,7 @@ CODE_ROOT = _ROOT   # the checkout whose `pipeline` and `stages` run the stages
 PLUMBING = frozenset({"pipeline.config.params", "pipeline.workflow.registry", "pipeline.workflow.cli",
                       "pipeline.workflow.tracking", "pipeline.workflow.threads", "pipeline.data.section",
                       # how a stage's process starts, not what it computes
-                      "pipeline.workflow.forkserver", "pipeline.workflow.launcher",
+                      "pipeline.workflow.forkserver", "pipeline.workflow.launcher", "pipeline.config.allocator",
                       # the layers' packages: a docstring each, no code
                       "pipeline", "pipeline.data", "pipeline.model", "pipeline.rollout", "pipeline.credit",
                       "pipeline.config", "pipeline.workflow"})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
+from pipeline.config.allocator import loaded
 from pipeline.config.files import read_params
 
 ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS")
@@ -33,16 +34,24 @@ def _params_file(argv: list[str]) -> str:
     return "params.yaml"
 
 
-def configure(argv: list[str] | None = None) -> int:
-    """Export the thread count a stage run with `argv` asks for; a params file that cannot be read counts as 0
-    here (the stage reports its errors once it validates it)."""
+def runtime_section(argv: list[str] | None = None) -> dict:
+    """The raw `runtime` section of the params file a stage run with `argv` names (`extends:` resolved); empty
+    where the file cannot be read (the stage reports its errors once it validates it)."""
     argv = sys.argv[1:] if argv is None else argv
-    requested = 0
     try:
-
-        raw = read_params(_params_file(argv))[0]     # `extends:` resolved
-        requested = int((raw.get("runtime") or {}).get("torch_threads") or 0)
+        runtime = read_params(_params_file(argv))[0].get("runtime")
     except Exception:  # noqa: BLE001 - validation happens later, with a proper message
+        return {}
+    return runtime if isinstance(runtime, dict) else {}
+
+
+def configure(argv: list[str] | None = None, runtime: dict | None = None) -> int:
+    """Export the thread count a stage run with `argv` asks for (its `runtime` section, where the caller read it
+    already); a value that is not a count counts as 0 here (the stage reports it once it validates its params)."""
+    runtime = runtime_section(argv) if runtime is None else runtime
+    try:
+        requested = int(runtime.get("torch_threads") or 0)
+    except (TypeError, ValueError):
         requested = 0
     n = resolve(max(requested, 0))
     for var in ENV:
@@ -64,8 +73,10 @@ def apply(n: int) -> None:
 
 
 def in_effect() -> dict[str, float]:
-    """The thread counts this process runs with: torch's (when torch is loaded) and polars' pool."""
-    out = {"runtime/threads": float(os.environ.get("OMP_NUM_THREADS", 0))}
+    """The thread counts this process runs with: torch's (when torch is loaded) and polars' pool; and whether its
+    allocator is tcmalloc (`runtime.allocator`)."""
+    out = {"runtime/threads": float(os.environ.get("OMP_NUM_THREADS", 0)),
+           "runtime/tcmalloc": float(loaded() == "tcmalloc")}
     if "torch" in sys.modules:
         out["runtime/torch_threads"] = float(sys.modules["torch"].get_num_threads())
     if "polars" in sys.modules:

@@ -38,11 +38,15 @@ def run_stage(d, stage, *args, env_threads=None):
     return r.stdout, {k: v for rec in records for k, v in rec["metrics"].items()}
 
 
+def write_group_input(d):
+    """What the group stage of iteration 1 reads, in run folder `d`."""
+    write_table(steps_frame().with_columns(pl.lit(1).alias("iteration")), d / "results/iter_1/steps.parquet", STEPS)
+
+
 @pytest.mark.hardware
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to tell 1 thread from all")
 def test_a_stage_started_by_hand_runs_with_the_requested_threads(tmp_path):
-    write_table(steps_frame().with_columns(pl.lit(1).alias("iteration")), tmp_path / "results/iter_1/steps.parquet",
-                STEPS)
+    write_group_input(tmp_path)
     for requested, env_threads, expected in ((1, None, 1), (0, None, os.cpu_count()), (0, 2, 2)):
         (tmp_path / "p.yaml").write_text(yaml.safe_dump({"runtime": {"torch_threads": requested},
                                                          "tracking": {"enabled": False}}))
