@@ -2,7 +2,7 @@
 
 PyTorch on a CPU allocates and frees a tensor for nearly every operator. The C library's malloc serves the large
 ones from fresh pages (`mmap`: page faults and zeroing each time) and hands them back on free; tcmalloc
-(gperftools) keeps them for the next request. On the SmolLM2 update that is 1.10x faster on a 2-core Zen 5 EPYC,
+(gperftools) keeps them for the next request. On the SmolLM2 update that is 1.13x faster on a 2-core Zen 5 EPYC,
 with byte-identical weights after the stage (docs/results/speed.md, "The allocator"); vLLM's CPU guide asks for
 tcmalloc as well.
 

@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, create_model, model_validator
 
+from pipeline.config.allocator import CHOICES as ALLOCATORS
 from pipeline.config.allocator import tcmalloc_library
 from pipeline.config.files import ParamsError, chain_of, origin_of, read_params
 from pipeline.credit.methods import METHODS, EpisodeConfig, Method, history_depth
@@ -397,11 +398,11 @@ class RuntimeConfig(Section):
                               ": each job skips those imports, most of a job on the tiny configurations (docs/"
                               "workflow.md, Stage processes and the fork server); the benchmark files' memory columns "
                               "then measure the launcher, not the stage")
-    allocator: Literal["auto", "tcmalloc", "system"] = Field(
+    allocator: Literal[ALLOCATORS] = Field(
         "auto", description="the memory allocator of every stage process (pipeline/config/allocator.py): auto, "
         "tcmalloc where its library is installed (scripts/install-vllm installs it), else the C library's malloc; "
         "tcmalloc, the same but refused where it is not installed; system, the C library's. tcmalloc keeps freed "
-        "memory for the next tensor: the SmolLM2 update 1.10x faster on a 2-core CPU, the same floats")
+        "memory for the next tensor: the SmolLM2 update 1.13x faster on a 2-core CPU, the same floats")
     update_processes: int = Field(1, ge=1, le=64, description="processes of the update stage (torchrun, one per GPU "
                                   "on a GPU): each takes a share of every minibatch and gradients are all-reduced")
     update_sharding: Literal["replicate", "fsdp"] = Field(
@@ -550,8 +551,9 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] = (), whe
 
 def missing_dependencies(params: Params) -> list[str]:
     """What the params need that this environment cannot import or its data cannot give, one line per key:
-    tcmalloc for `runtime.allocator: tcmalloc`, vLLM for `rollout.engine: vllm`, the environment's engine for `env.name`, held-out tasks for `evaluate.tasks`. Found
-    with `importlib.util.find_spec`, so nothing heavy is imported."""
+    tcmalloc for `runtime.allocator: tcmalloc`, vLLM for `rollout.engine: vllm`, the environment's engine for
+    `env.name`, held-out tasks for `evaluate.tasks`. Found with `importlib.util.find_spec` (tcmalloc: its library's
+    file), so nothing heavy is imported."""
     problems = []
     if params.runtime.allocator == "tcmalloc" and tcmalloc_library() is None:
         problems.append("key 'runtime.allocator': tcmalloc, but its library (libtcmalloc_minimal.so.4) is not "
