@@ -28,6 +28,26 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_generation(cpuinfo: str | None = None) -> dict[str, int]:
+    """The CPU's family and model numbers (`cpu_family`, `cpu_model` from /proc/cpuinfo, or `cpuinfo`'s text), which
+    tell apart processors a virtual machine names alike: an AMD EPYC of family 25 (Zen 3, Zen 4) from one of family
+    26 (Zen 5). Empty where the file does not give them."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    out = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = {"cpu family": "cpu_family", "model": "cpu_model"}.get(key.strip())
+        if key and key not in out and value.strip().isdigit():
+            out[key] = int(value)
+        if not line.strip() and out:
+            break
+    return out
+
+
 def label_seed(name: str) -> tuple[str, int]:
     """A bench run folder's arm label and seed from its name, `<label>_s<seed>`."""
     label, _, seed = name.rpartition("_s")

@@ -61,7 +61,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from bench import cpu_name, label_seed
+from bench import cpu_generation, cpu_name, label_seed
 from bench.verdicts import (
     DELTA,
     Verdict,
@@ -272,19 +272,26 @@ def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
     return out
 
 
+MACHINE_KEYS = ("cpu", "cpu_family", "cpu_model", "bf16_flags")   # a pair's arms agree on each a record holds
+
+
 def differences(claim: Claim, runs: dict) -> tuple[list[int], np.ndarray]:
     """The seeds (in the design's order, as far as both arms are recorded without a gap) and their paired
     differences in the primary metric, points. A crashed arm scores 0 at every iteration its pair evaluated and
-    it did not; a pair whose arms ran on different CPUs is refused."""
+    it did not; a pair whose arms ran on different CPUs is refused (`MACHINE_KEYS`: the name, and the family, model
+    and bf16 flags where both records have them; records made before those were kept name the CPU only)."""
     design = claim.design
     seeds, d = [], []
     for s in design.seeds:
         a, b = runs.get((design.method, s)), runs.get((design.baseline, s))
         if a is None or b is None:
             break
-        if a[1].get("cpu") != b[1].get("cpu"):
-            raise SystemExit(f"error: {claim.folder}: seed {s}'s arms ran on {a[1].get('cpu')!r} and "
-                             f"{b[1].get('cpu')!r}; a pair is compared within one machine")
+        differ = [k for k in MACHINE_KEYS if (k == "cpu" or k in a[1] and k in b[1]) and a[1].get(k) != b[1].get(k)]
+        if differ:
+            k = differ[0]
+            raise SystemExit(f"error: {claim.folder}: seed {s}'s arms ran on {k} {a[1].get(k)!r} and "
+                             f"{b[1].get(k)!r} (runs/{design.method}_s{s}/run.json, runs/{design.baseline}_s{s}/"
+                             "run.json); a pair is compared within one machine")
         ta, tb = a[0], b[0]
         its = sorted(set(ta["iteration"].to_list()) | set(tb["iteration"].to_list()))
         tasks = sorted(set(ta["task_id"].to_list()) & set(tb["task_id"].to_list()))
@@ -325,7 +332,7 @@ def record(claim: Claim, label: str, seed: int, run_dir: Path, status: str, wall
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     (tmp / "run.json").write_text(json.dumps({
-        "status": status, "cpu": cpu_name(), "bf16_flags": cpu_bf16_flags(),
+        "status": status, "cpu": cpu_name(), **cpu_generation(), "bf16_flags": cpu_bf16_flags(),
         "machine": platform.node(), "commit": commit, "wall_s": round(wall_s, 1),
         "iterations": its, **({"shared_with": list(shared_with)} if shared_with else {})}, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)

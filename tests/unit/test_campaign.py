@@ -87,7 +87,7 @@ def _claim_folder(tmp_path, looks=(8, 12)):
     return folder
 
 
-def _record(folder, label, seed, finals, cpu="AMD EPYC", iterations=(0, 1)):
+def _record(folder, label, seed, finals, cpu="AMD EPYC", iterations=(0, 1), **machine):
     import json
 
     import polars as pl
@@ -97,7 +97,7 @@ def _record(folder, label, seed, finals, cpu="AMD EPYC", iterations=(0, 1)):
     rows = [{"iteration": it, "task_id": t, "success": 0.5 if it == 0 else s}
             for it in iterations for t, s in enumerate(finals)]
     pl.DataFrame(rows).write_csv(d / "task_success.csv")
-    (d / "run.json").write_text(json.dumps({"status": "ok", "cpu": cpu}))
+    (d / "run.json").write_text(json.dumps({"status": "ok", "cpu": cpu, **machine}))
 
 
 def test_a_campaign_resumes_from_its_records_and_asks_for_the_next_look(tmp_path):
@@ -137,8 +137,8 @@ def test_a_crashed_arm_scores_zero_and_a_pair_stays_on_one_machine(tmp_path):
     _record(folder, "gigpo", 1, [1.0, 1.0], cpu="Intel Xeon")
     _record(folder, "grpo", 1, [0.5, 1.0])
     claim = load_claim(folder)
-    with pytest.raises(SystemExit, match="seed 1's arms ran on 'Intel Xeon' and 'AMD EPYC'; a pair is compared "
-                       "within one machine"):
+    with pytest.raises(SystemExit, match=r"seed 1's arms ran on cpu 'Intel Xeon' and 'AMD EPYC' \(runs/gigpo_s1/run"
+                       r"\.json, runs/grpo_s1/run\.json\); a pair is compared within one machine"):
         differences(claim, recorded(claim))
     import shutil
 
@@ -146,6 +146,57 @@ def test_a_crashed_arm_scores_zero_and_a_pair_stays_on_one_machine(tmp_path):
     seeds, d = differences(claim, recorded(claim))
     # gigpo evaluated iteration 0 only: at iteration 1 it scores 0 on both tasks, against 0.5 and 1.0
     assert seeds == [0] and d.tolist() == [-75.0]
+
+
+def test_two_epycs_named_alike_are_told_apart_by_their_family(tmp_path):
+    """A virtual machine names a Zen 4 and a Zen 5 EPYC alike ("AMD EPYC", both with avx512_bf16): their family
+    (25, 26) splits the pair. A record made before the family was kept is compared by its name only."""
+    from bench import cpu_generation
+    from bench.campaign import differences, load_claim, recorded
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+               "\nprocessor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n")
+    assert cpu_generation(cpuinfo) == {"cpu_family": 26, "cpu_model": 2}
+    assert cpu_generation("model name\t: something\n") == {}
+
+    folder = _claim_folder(tmp_path)
+    zen5 = {"cpu_family": 26, "cpu_model": 2, "bf16_flags": ["avx512_bf16"]}
+    _record(folder, "gigpo", 0, [1.0, 1.0], **zen5)
+    _record(folder, "grpo", 0, [0.5, 1.0], **{**zen5, "cpu_family": 25, "cpu_model": 17})
+    claim = load_claim(folder)
+    with pytest.raises(SystemExit, match="seed 0's arms ran on cpu_family 26 and 25 "):
+        differences(claim, recorded(claim))
+    import shutil
+
+    shutil.rmtree(folder / "runs" / "grpo_s0")
+    _record(folder, "grpo", 0, [0.5, 1.0])                              # an older record: the name only
+    assert differences(claim, recorded(claim)) == ([0], pytest.approx([25.0]))
+    shutil.rmtree(folder / "runs" / "grpo_s0")
+    _record(folder, "grpo", 0, [0.5, 1.0], **{**zen5, "bf16_flags": []})  # the same family, bf16 flags masked
+    with pytest.raises(SystemExit, match=r"seed 0's arms ran on bf16_flags \['avx512_bf16'\] and \[\]"):
+        differences(claim, recorded(claim))
+
+
+def test_a_record_names_the_cpus_family_and_model(tmp_path):
+    """A run that crashed before its first evaluation is recorded too (an empty table), with the machine it ran on:
+    the CPU's name, family and model, and bf16 flags, as /proc/cpuinfo gives them here."""
+    import json
+
+    from bench import cpu_generation, cpu_name
+    from bench.campaign import load_claim, record
+    from pipeline.model.precision import cpu_bf16_flags
+
+    folder = _claim_folder(tmp_path)
+    run = tmp_path / "work" / "gigpo_s3"
+    run.mkdir(parents=True)
+    record(load_claim(folder), "gigpo", 3, run, "crashed", 12.34)
+    out = folder / "runs" / "gigpo_s3"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "crashed" and meta["wall_s"] == 12.3 and meta["iterations"] == []
+    assert meta["cpu"] == cpu_name() and meta["bf16_flags"] == cpu_bf16_flags()
+    assert {k: meta[k] for k in ("cpu_family", "cpu_model")} == cpu_generation() != {}
+    assert (out / "task_success.csv").read_text().strip() == "iteration,task_id,success"
+    assert sorted(p.name for p in (folder / "runs").iterdir()) == ["gigpo_s3"]      # nothing half written left
 
 
 def test_a_claim_folder_is_checked_by_key(tmp_path):
