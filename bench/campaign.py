@@ -272,23 +272,28 @@ def recorded(claim: Claim) -> dict[tuple[str, int], tuple[pl.DataFrame, dict]]:
     return out
 
 
-MACHINE_KEYS = ("cpu", "cpu_family", "cpu_model", "bf16_flags")   # a pair's arms agree on each a record holds
+MACHINE_KEYS = ("cpu", "cpu_family", "cpu_model", "bf16_flags")
+
+
+def machine_differs(a: dict, b: dict) -> str | None:
+    """The first of `MACHINE_KEYS` on which two runs' records disagree: the CPU's name always, its family, model and
+    bf16 flags where both records hold them (records made before those were kept name the CPU only); None where
+    they ran on one kind of machine."""
+    return next((k for k in MACHINE_KEYS if (k == "cpu" or k in a and k in b) and a.get(k) != b.get(k)), None)
 
 
 def differences(claim: Claim, runs: dict) -> tuple[list[int], np.ndarray]:
     """The seeds (in the design's order, as far as both arms are recorded without a gap) and their paired
     differences in the primary metric, points. A crashed arm scores 0 at every iteration its pair evaluated and
-    it did not; a pair whose arms ran on different CPUs is refused (`MACHINE_KEYS`: the name, and the family, model
-    and bf16 flags where both records have them; records made before those were kept name the CPU only)."""
+    it did not; a pair whose arms ran on different CPUs is refused (`machine_differs`)."""
     design = claim.design
     seeds, d = [], []
     for s in design.seeds:
         a, b = runs.get((design.method, s)), runs.get((design.baseline, s))
         if a is None or b is None:
             break
-        differ = [k for k in MACHINE_KEYS if (k == "cpu" or k in a[1] and k in b[1]) and a[1].get(k) != b[1].get(k)]
-        if differ:
-            k = differ[0]
+        k = machine_differs(a[1], b[1])
+        if k:
             raise SystemExit(f"error: {claim.folder}: seed {s}'s arms ran on {k} {a[1].get(k)!r} and "
                              f"{b[1].get(k)!r} (runs/{design.method}_s{s}/run.json, runs/{design.baseline}_s{s}/"
                              "run.json); a pair is compared within one machine")
@@ -460,7 +465,7 @@ def secondary(claim: Claim, runs: dict, seeds: list[int]) -> tuple[list[Verdict]
     for label in claim.secondary:
         for s in seeds:
             a, m = runs.get((label, s)), runs[(method, s)]
-            if a is None or a[1].get("cpu") != m[1].get("cpu"):
+            if a is None or machine_differs(a[1], m[1]):
                 skipped.append(f"{label} seed {s} " + ("not recorded" if a is None else "ran on another machine"))
                 continue
             tables[(label, s)], tables[(method, s)] = a[0], m[0]
