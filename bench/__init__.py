@@ -17,35 +17,35 @@ from pipeline.workflow import tracking
 EXPERIMENT = "creditrl-bench"
 
 
+def cpuinfo_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """/proc/cpuinfo (or `cpuinfo`'s text) as key -> value, each key's first occurrence (the first processor's);
+    empty where the file cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_name() -> str:
     """The CPU's model name (every figure names its machine)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    fields = cpuinfo_fields()
+    return fields["model name"] if "model name" in fields else platform.processor() or "unknown"
 
 
 def cpu_generation(cpuinfo: str | None = None) -> dict[str, int]:
     """The CPU's family and model numbers (`cpu_family`, `cpu_model` from /proc/cpuinfo, or `cpuinfo`'s text), which
     tell apart processors a virtual machine names alike: an AMD EPYC of family 25 (Zen 3, Zen 4) from one of family
     26 (Zen 5). Empty where the file does not give them."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return {}
-    out = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = {"cpu family": "cpu_family", "model": "cpu_model"}.get(key.strip())
-        if key and key not in out and value.strip().isdigit():
-            out[key] = int(value)
-        if not line.strip() and out:
-            break
-    return out
+    fields = cpuinfo_fields(cpuinfo)
+    return {name: int(fields[key]) for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model"))
+            if fields.get(key, "").isdigit()}
 
 
 def label_seed(name: str) -> tuple[str, int]:
