@@ -29,12 +29,10 @@ A = load_weights(ckpt, "float32").eval()
 B = load_weights(ckpt, "bfloat16").eval()
 C = load_weights(ckpt, "bfloat16").float().eval()
 D = AutoModelForCausalLM.from_pretrained(adapter_base(Path(ckpt)), local_files_only=True, dtype=torch.float32)
+base_exact = all(torch.equal(q, q.to(torch.bfloat16).float()) for q in D.parameters())
 for q in D.parameters():
     q.data = q.data.to(torch.bfloat16).float()
 D = PeftModel.from_pretrained(D, ckpt).merge_and_unload().eval()
-base_exact = all(torch.equal(q, q.to(torch.bfloat16).float()) for q in
-                 AutoModelForCausalLM.from_pretrained(adapter_base(Path(ckpt)), local_files_only=True,
-                                                      dtype=torch.float32).parameters())
 E = load_weights(ckpt, "bfloat16", merge_rounding="stochastic").eval()
 print("the fp32 base is exactly representable in bf16:", base_exact)
 
